@@ -1,0 +1,41 @@
+# Two commands for a newcomer: `make run` (set up, then sweep the default
+# experiment) and `make test` (set up, then run the tests).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel by default (it lies on the dev machines' disk); GPU users:
+#   make setup TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml 2>/dev/null | cksum)
+ARGS ?=
+
+.PHONY: setup run test analyze bench clean
+
+setup:
+	@if [ -x "$(PY)" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
+		echo "setup: $(VENV) is up to date"; \
+	else \
+		set -e; \
+		[ -x "$(PY)" ] || $(PYTHON) -m venv $(VENV); \
+		$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC); \
+		$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"; \
+		echo "$(SETUP_KEY)" > $(STAMP); \
+	fi
+
+run: setup
+	$(PY) -m runner -m $(ARGS)
+	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (make analyze; wandb sync <job>/wandb/offline-run-*)"
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+analyze: setup
+	$(PY) -m analysis $(ARGS)
+
+bench: setup
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf outputs multirun .pytest_cache
+	find . -name __pycache__ -type d -prune -not -path "./$(VENV)/*" -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Reads a sweep's job directories into pandas tables."""

@@ -1,0 +1,129 @@
+"""Byte-level training data whose global batch depends only on (seed, step).
+
+DESIGN.md section 4: the global batch of step t is a fixed set of
+`train.global_batch` sequences chosen from the seed and t, never from the
+world size, sp or grad_accum. It is then split evenly over dp ranks and
+micro-batches, and each sequence's positions into `sp` contiguous chunks, so
+every configuration trains on the same tokens at every step.
+
+By default a sequence is one document padded with the ignore index, so the
+number of valid tokens differs between ranks and micro-batches (which is what
+exposes mean-of-means loss scaling). `data.packing=true` cuts full windows
+from the concatenated corpus instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+IGNORE_INDEX = -100
+PAD_TOKEN = 0  # NUL never occurs in text, and its targets are ignored anyway
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+
+
+def embedded_corpus_text() -> list[str]:
+    """Python's own help topics: real English text shipped with the standard library."""
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)]
+
+
+def paragraphs(text: str) -> list[str]:
+    return [part.strip() for part in _PARAGRAPH_BREAK.split(text) if part.strip()]
+
+
+def read_texts(path: Path, text_field: str) -> list[str]:
+    """Documents of a user's data: paragraphs of .txt files, or records of a .jsonl file."""
+    if path.is_dir():
+        return [p for file in sorted(path.rglob("*.txt")) for p in paragraphs(file.read_text(errors="replace"))]
+    if path.suffix == ".jsonl":
+        documents = []
+        for line_number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if text_field not in record:
+                raise ValueError(f"{path}:{line_number} has no field {text_field!r} (data.text_field)")
+            documents.append(record[text_field])
+        return documents
+    return paragraphs(path.read_text(errors="replace"))
+
+
+def load_documents(cfg: DictConfig) -> list[torch.Tensor]:
+    """Each document as a uint8 tensor of its UTF-8 bytes (vocab 256); documents under 2 bytes are dropped."""
+    if cfg.path is None:
+        texts = [p for topic in embedded_corpus_text() for p in paragraphs(topic)]
+    else:
+        texts = read_texts(Path(cfg.path).expanduser(), cfg.text_field)
+    encoded = (text.encode() for text in texts)
+    documents = [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in encoded if len(raw) >= 2]
+    if not documents:
+        raise ValueError(f"data.path={cfg.path} holds no document of at least 2 bytes")
+    return documents
+
+
+@dataclass(frozen=True)
+class Batch:
+    inputs: torch.Tensor  # [batch, seq] int64 token ids
+    labels: torch.Tensor  # [batch, seq] next-token targets, IGNORE_INDEX where padded
+    position_offset: int = 0  # absolute position of column 0 (non-zero for sequence shards)
+
+    @property
+    def valid_tokens(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+class GlobalBatches:
+    def __init__(self, documents: list[torch.Tensor], *, seq_len: int, global_batch: int, seed: int, packing: bool):
+        self.documents = documents
+        self.seq_len = seq_len
+        self.global_batch = global_batch
+        self.seed = seed
+        self.packing = packing
+        if packing:
+            separator = torch.tensor(list(b"\n\n"), dtype=torch.uint8)
+            self.stream = torch.cat([piece for doc in documents for piece in (doc, separator)])
+            if self.stream.numel() < seq_len + 2:
+                raise ValueError(f"the corpus ({self.stream.numel()} bytes) is shorter than train.seq_len + 1")
+
+    def __call__(self, step: int) -> Batch:
+        """The global batch of optimizer step `step` (1-based)."""
+        rng = np.random.default_rng([self.seed, step])
+        window = self.seq_len + 1  # inputs and their shifted targets
+        inputs = torch.full((self.global_batch, self.seq_len), PAD_TOKEN, dtype=torch.long)
+        labels = torch.full((self.global_batch, self.seq_len), IGNORE_INDEX, dtype=torch.long)
+        for row in range(self.global_batch):
+            if self.packing:
+                start = int(rng.integers(self.stream.numel() - window + 1))
+                tokens = self.stream[start : start + window]
+            else:
+                doc = self.documents[int(rng.integers(len(self.documents)))]
+                start = int(rng.integers(max(1, doc.numel() - window + 1)))
+                tokens = doc[start : start + window]
+            tokens = tokens.long()
+            # Labels are shifted before any sequence split, so no target is lost at a shard border.
+            inputs[row, : tokens.numel() - 1] = tokens[:-1]
+            labels[row, : tokens.numel() - 1] = tokens[1:]
+        return Batch(inputs, labels)
+
+
+def local_micro_batches(batch: Batch, *, dp: int, dp_rank: int, sp: int, sp_rank: int, grad_accum: int) -> list[Batch]:
+    """This rank's share of the global batch: rows split over dp ranks then micro-batches, columns over sp."""
+    rows_per_rank = batch.inputs.shape[0] // dp
+    rows_per_micro = rows_per_rank // grad_accum
+    cols = batch.inputs.shape[1] // sp
+    col_start = sp_rank * cols
+    micro_batches = []
+    for micro in range(grad_accum):
+        row_start = dp_rank * rows_per_rank + micro * rows_per_micro
+        rows = slice(row_start, row_start + rows_per_micro)
+        columns = slice(col_start, col_start + cols)
+        micro_batches.append(Batch(batch.inputs[rows, columns], batch.labels[rows, columns], position_offset=col_start))
+    return micro_batches

@@ -1,0 +1,111 @@
+"""The only module that reads (or writes) the launcher's environment variables.
+
+A rank comes to life in one of two ways:
+
+- spawned by `runner.launch` for one Hydra job: RANK, WORLD_SIZE, LOCAL_RANK,
+  LOCAL_WORLD_SIZE and RUNNER_RENDEZVOUS_FILE are set by `spawned_rank_environ`.
+  Rendezvous goes through a FileStore in a fresh temporary folder, so no port
+  is fixed and two sweeps at once cannot clash;
+- started by torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR
+  and MASTER_PORT): the job joins that world with `env://` instead of spawning.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+RENDEZVOUS_FILE = "RUNNER_RENDEZVOUS_FILE"
+# Set by an outer launcher, if any: a world spawned here replaces them all.
+_LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", RENDEZVOUS_FILE)
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    init_method: str  # "file://..." when spawned here, "env://" under torchrun
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def spawned_here(self) -> bool:
+        return self.init_method.startswith("file://")
+
+
+def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv | None:
+    """This process's place in a distributed world, or None outside one."""
+    environ = os.environ if environ is None else environ
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return None
+    world_size = int(environ["WORLD_SIZE"])
+    rendezvous_file = environ.get(RENDEZVOUS_FILE)
+    return RankEnv(
+        rank=int(environ["RANK"]),
+        world_size=world_size,
+        local_rank=int(environ.get("LOCAL_RANK", environ["RANK"])),
+        local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world_size)),
+        init_method=f"file://{rendezvous_file}" if rendezvous_file else "env://",
+    )
+
+
+def spawned_rank_environ(
+    base: Mapping[str, str], *, rank: int, world_size: int, rendezvous_file: str
+) -> dict[str, str]:
+    """The environment of rank `rank` of a world started on this machine."""
+    environ = {key: value for key, value in base.items() if key not in _LAUNCHER_KEYS}
+    environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        PYTHONUNBUFFERED="1",
+    )
+    environ[RENDEZVOUS_FILE] = rendezvous_file
+    return environ
+
+
+def init_world(env: RankEnv, device_type: str, timeout_s: float = 600.0):
+    """Join the process group: gloo on CPU, NCCL on CUDA. Returns the torch.device of this rank."""
+    import torch
+    import torch.distributed as dist
+
+    if device_type == "cuda":
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        # Ranks share this machine's cores: split them rather than oversubscribe.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    dist.init_process_group(
+        backend=backend,
+        init_method=env.init_method,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device_type == "cuda" else None,
+    )
+    return device
+
+
+def resolve_device_type(requested: str, cuda_available: bool) -> str:
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    return requested
+
+
+def leave_world() -> None:
+    """Barrier, then destroy the group (DESIGN.md section 2: ranks must end cleanly)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

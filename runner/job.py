@@ -1,0 +1,130 @@
+"""One Hydra job: validate, write config.yaml, start (or join) the rank world, record the outcome.
+
+Whatever happens inside a job, it ends with a summary.json in its directory
+and returns normally, so one failed job never stops a sweep or loses the
+others' results. Only a single run (not a sweep) with an invalid config exits
+non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import run_config_from, save_run_config
+from runner.distributed import rank_env
+from runner.launch import log_tail, run_world
+from runner.summary import read_summary, update_summary
+from runner.validate import InvalidConfig, config_problems, layout_of, machine_shortfall
+from runner.worker import JobInfo, run_rank
+
+log = logging.getLogger("runner")
+
+
+def _visible_cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _already_completed(job_dir: Path, cfg: DictConfig) -> bool:
+    """A rerun into the same sweep directory resumes: completed jobs with the same config are kept."""
+    summary = read_summary(job_dir)
+    config_file = job_dir / "config.yaml"
+    return (
+        summary is not None
+        and summary.get("status") == "completed"
+        and config_file.exists()
+        and config_file.read_text() == OmegaConf.to_yaml(cfg, resolve=True)
+    )
+
+
+def run_job(hydra_task_cfg: DictConfig) -> dict:
+    hydra_cfg = HydraConfig.get()
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    tag = f"#{hydra_cfg.job.num}" if sweeping else "run"
+    job = JobInfo(
+        name=hydra_cfg.job.override_dirname or "defaults",
+        group=Path(hydra_cfg.sweep.dir).name if sweeping else job_dir.name,
+    )
+    cfg = run_config_from(hydra_task_cfg)
+
+    if _already_completed(job_dir, cfg):
+        log.info(f"{tag} {job.name}: skipped, completed earlier in {job_dir}")
+        return {"status": "completed"}
+
+    problems = config_problems(cfg)
+    if problems:
+        error = InvalidConfig(problems)
+        save_run_config(cfg, job_dir / "config.yaml")
+        update_summary(job_dir, status="invalid", error=str(error), problems=[f for f, _ in problems], run_name=job.name)
+        log.error(f"{tag} {job.name}: {error}")
+        if not sweeping:
+            raise error
+        return {"status": "invalid"}
+
+    env = rank_env()
+    if env is not None:
+        _join_world(cfg, job_dir, env, job, sweeping)  # does not return
+
+    shortfall = machine_shortfall(cfg, _visible_cuda_devices())
+    if shortfall:
+        save_run_config(cfg, job_dir / "config.yaml")
+        update_summary(job_dir, status="skipped", error=shortfall, run_name=job.name)
+        log.warning(f"{tag} {job.name}: skipped: {shortfall}")
+        return {"status": "skipped"}
+
+    save_run_config(cfg, job_dir / "config.yaml")
+    (job_dir / "summary.json").unlink(missing_ok=True)  # a rerun of a failed job starts clean
+    (job_dir / "metrics.jsonl").unlink(missing_ok=True)
+    log.info(f"{tag} {job.name}: {layout_of(cfg)} {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
+    outcome = run_world(
+        cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s
+    )
+    summary = read_summary(job_dir) or {}
+    if not outcome.ok:
+        if outcome.interrupted:
+            error = "interrupted (Ctrl-C)"
+        elif outcome.timed_out:
+            error = f"timed out after timeout_s={cfg.timeout_s:g} s"
+        else:
+            rank = outcome.first_failed_rank
+            error = f"rank {rank} exited with code {outcome.returncodes[rank]}:\n{log_tail(job_dir, rank)}"
+        summary = update_summary(job_dir, status="failed", error=summary.get("error") or error)
+    summary = update_summary(job_dir, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3))
+    _report(tag, job.name, summary, outcome.wall_s)
+    if outcome.interrupted:
+        raise KeyboardInterrupt
+    return {"status": summary["status"]}
+
+
+def _report(tag: str, name: str, summary: dict, wall_s: float) -> None:
+    status = summary.get("status", "failed")
+    if status == "completed":
+        log.info(f"{tag} {name}: completed in {wall_s:.1f} s, final loss {summary.get('final_loss', float('nan')):.4f}")
+    else:
+        first_line = (summary.get("error") or "").splitlines()[:1]
+        log.error(f"{tag} {name}: {status} after {wall_s:.1f} s: {first_line[0] if first_line else ''}")
+
+
+def _join_world(cfg: DictConfig, job_dir: Path, env, job: JobInfo, sweeping: bool) -> None:
+    """Under torchrun this process is already one rank: train in-process, then exit."""
+    if sweeping:
+        raise SystemExit("under torchrun, run one job per launch (drop -m); sweeps start their own rank worlds")
+    if env.world_size != cfg.world_size:
+        raise SystemExit(f"world_size={cfg.world_size} but the launcher started WORLD_SIZE={env.world_size} ranks")
+    started = time.time()
+    if env.is_main:
+        save_run_config(cfg, job_dir / "config.yaml")
+    code = run_rank(cfg, job_dir, env, job, started)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

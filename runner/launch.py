@@ -1,0 +1,132 @@
+"""Start the W rank processes of one job on this machine, watch them, and report how they ended.
+
+Every rank's output goes to JOB_DIR/logs/rank<r>.log; rank 0's is also echoed
+to this terminal, with each distinct framework warning shown once per sweep.
+When a rank fails, the others are stopped (they would wait in a collective
+forever); past the timeout, all are.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.distributed import spawned_rank_environ
+
+_POLL_S = 0.1
+_GRACE_S = 5.0  # how long survivors of a failed rank get to exit on their own
+_LOG_TAIL_LINES = 25
+# Warnings already echoed by this process (a sweep runs its jobs in one process).
+_shown_warnings: set[str] = set()
+
+
+@dataclass
+class WorldOutcome:
+    returncodes: list[int | None]
+    timed_out: bool
+    interrupted: bool
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        return all(code == 0 for code in self.returncodes) and not self.timed_out and not self.interrupted
+
+    @property
+    def first_failed_rank(self) -> int | None:
+        for rank, code in enumerate(self.returncodes):
+            if code not in (0, None):
+                return rank
+        return None
+
+
+def _echo(stream, log_file) -> None:
+    for raw in iter(stream.readline, b""):
+        log_file.write(raw)
+        log_file.flush()
+        line = raw.decode(errors="replace")
+        if line.startswith("[warning]") or line.startswith("[W"):
+            key = line.split("]", 1)[-1].strip() if line.startswith("[W") else line
+            if key in _shown_warnings:
+                continue
+            _shown_warnings.add(key)
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def _stop(processes: Sequence[subprocess.Popen]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 5.0)):
+        alive = [p for p in processes if p.poll() is None]
+        for p in alive:
+            p.send_signal(sig)
+        deadline = time.monotonic() + wait_s
+        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+
+
+def run_world(
+    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, echo_rank0: bool = True
+) -> WorldOutcome:
+    """Run `python -m runner.worker JOB_DIR *worker_args` as ranks 0..world_size-1 and wait."""
+    logs = job_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # A FileStore in a fresh folder: no fixed port, no clash between concurrent sweeps.
+    rendezvous_dir = tempfile.mkdtemp(prefix="runner-rdzv-")
+    processes: list[subprocess.Popen] = []
+    log_files = []
+    echo_thread = None
+    started = time.monotonic()
+    timed_out = interrupted = False
+    try:
+        spawned_at = f"{time.time():.6f}"
+        for rank in range(world_size):
+            environ = spawned_rank_environ(
+                os.environ, rank=rank, world_size=world_size, rendezvous_file=os.path.join(rendezvous_dir, "store")
+            )
+            log_file = open(logs / f"rank{rank}.log", "wb")
+            log_files.append(log_file)
+            echo = echo_rank0 and rank == 0
+            command = [sys.executable, "-m", "runner.worker", str(job_dir), *worker_args, "--spawned-at", spawned_at]
+            processes.append(
+                subprocess.Popen(
+                    command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT
+                )
+            )
+            if echo:
+                echo_thread = threading.Thread(target=_echo, args=(processes[0].stdout, log_file), daemon=True)
+                echo_thread.start()
+        deadline = started + timeout_s
+        while any(p.poll() is None for p in processes):
+            if any(p.poll() not in (None, 0) for p in processes):
+                _stop(processes)  # survivors would block in a collective with the dead rank
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                _stop(processes)
+                break
+            time.sleep(_POLL_S)
+    except KeyboardInterrupt:
+        interrupted = True
+        _stop(processes)
+    finally:
+        if echo_thread is not None:
+            echo_thread.join(timeout=5.0)
+        for log_file in log_files:
+            log_file.close()
+        shutil.rmtree(rendezvous_dir, ignore_errors=True)
+    return WorldOutcome([p.poll() for p in processes], timed_out, interrupted, time.monotonic() - started)
+
+
+def log_tail(job_dir: Path, rank: int, lines: int = _LOG_TAIL_LINES) -> str:
+    path = job_dir / "logs" / f"rank{rank}.log"
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,57 @@
+"""Device mesh and FSDP2 sharding of the decoder.
+
+The mesh is (dp, sp); FSDP shards parameters over the whole dp * sp world, so
+the gradient reduction (mean, or sum for `fsdp_sum`) runs over W = dp * sp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from runner.config import Reduction
+from runner.layout import ParallelLayout
+from runner.model import Decoder
+from runner.reduction import fsdp_sums_gradients
+
+
+@dataclass(frozen=True)
+class Meshes:
+    world: DeviceMesh  # 2-D (dp, sp)
+    fsdp: DeviceMesh  # 1-D, all W ranks: FSDP sharding and the loss collectives
+
+    @property
+    def world_group(self) -> dist.ProcessGroup:
+        return self.fsdp.get_group()
+
+    @property
+    def dp_rank(self) -> int:
+        return self.world.get_local_rank("dp")
+
+    @property
+    def sp_rank(self) -> int:
+        return self.world.get_local_rank("sp")
+
+
+def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
+    world = init_device_mesh(device_type, (layout.dp, layout.sp), mesh_dim_names=("dp", "sp"))
+    return Meshes(world=world, fsdp=world["dp", "sp"]._flatten("dp_sp"))
+
+
+def shard_model(model: Decoder, mesh: DeviceMesh, mode: Reduction) -> Decoder:
+    """fully_shard per block and at the root; `fsdp_sum` turns FSDP's mean into a true sum."""
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if fsdp_sums_gradients(mode):
+        # Both setters act on one FSDP module only, so apply them to every one.
+        # Divide factor 1.0 alone asks for PREMUL_SUM, which gloo lacks;
+        # forcing SUM-only comms makes it a plain SUM on every backend.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+    return model

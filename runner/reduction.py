@@ -1,0 +1,124 @@
+"""How each reduction mode turns a rank's token losses into the loss it backpropagates.
+
+Notation for one optimizer step; W = world size = dp * sp, M = grad_accum.
+
+    S_rm  sum of token cross-entropies of rank r's micro-batch m
+    n_rm  its number of valid (non-ignored) targets
+    N     = sum_rm n_rm, the step's global valid-token count (one all-reduce per step)
+    L_rm  = S_rm / N
+    L     = sum_rm L_rm, the global token-mean loss that every correct mode trains on
+
+FSDP2 reduces gradients with a mean over the W ranks it shards over:
+g = (1/W) sum_r d(loss_r)/dθ. `funcol.all_reduce` is differentiable and its
+backward all-reduces the incoming gradient with SUM, so with every rank
+seeding 1, d AR(L_rm) / d L_rm = W on every rank.
+
+| mode          | backpropagated per micro-batch | gradient after FSDP        | extra collectives / step |
+|---------------|--------------------------------|----------------------------|--------------------------|
+| sum           | AR(L_rm)                       | (1/W) * W * dL = dL        | 2M (forward + backward)  |
+| detached      | L_rm                           | dL / W                     | M (logging only)         |
+| local         | L_rm                           | dL / W                     | 1 (logging only)         |
+| fsdp_sum      | L_rm, FSDP sums (no 1/W)       | dL                         | 1 (logging only)         |
+| scaled        | W * L_rm                       | dL                         | 1 (logging only)         |
+| mean_of_means | (S_rm / n_rm) / M              | d[(1/WM) sum_rm S_rm/n_rm] | 1 (logging only)         |
+
+Every mode logs `loss` = L, computed from what that mode's loop already has:
+sum_m AR(L_rm) for `sum` (its forward values) and `detached`, AR(sum_m L_rm)
+once per step for the others. `reported` is what the mode's own loop would
+print: L for all but `mean_of_means`, which reports (1/W) AR(sum_m (S_rm/n_rm)/M).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+
+from runner.config import Reduction
+from runner.data import IGNORE_INDEX, Batch
+
+
+@dataclass(frozen=True)
+class StepLoss:
+    loss: float  # L, the global token-mean loss
+    reported: float  # what this mode's training loop reports
+    valid_tokens: int  # N
+
+
+def fsdp_sums_gradients(mode: Reduction) -> bool:
+    return mode is Reduction.fsdp_sum
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """S_rm: summed (not averaged) cross-entropy over the valid targets."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
+    """N: this rank's valid targets over all its micro-batches, summed over the world (one all-reduce)."""
+    local = torch.tensor(sum(mb.valid_tokens for mb in micro_batches), dtype=torch.int64, device=device)
+    dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
+    return local
+
+
+class LossReducer:
+    """Per-step state of one mode: call `backward_loss` per micro-batch, then `finish_step` once."""
+
+    def __init__(self, mode: Reduction, group: dist.ProcessGroup, grad_accum: int):
+        self.mode = mode
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.grad_accum = grad_accum
+
+    def start_step(self, valid_tokens: torch.Tensor) -> None:
+        self.valid_tokens = valid_tokens
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=valid_tokens.device)  # sum_m L_rm or its AR
+        self.mean_sum = torch.zeros_like(self.loss_sum)  # sum_m (S_rm / n_rm) / M
+
+    def backward_loss(self, token_loss: torch.Tensor, micro_valid_tokens: int) -> torch.Tensor:
+        """The loss to call .backward() on for one micro-batch, given S_rm and n_rm."""
+        local = token_loss / self.valid_tokens  # L_rm = S_rm / N
+        mode = self.mode
+        if mode is Reduction.sum:
+            # Differentiable: backward all-reduces the seed, so L_rm receives W.
+            reduced = funcol.all_reduce(local, "sum", self.group)
+            self.loss_sum += reduced.detach()
+            return reduced
+        if mode is Reduction.detached:
+            # The same forward value, but the collective is outside the graph.
+            self.loss_sum += funcol.all_reduce(local.detach(), "sum", self.group)
+            return local
+        self.loss_sum += local.detach()
+        if mode is Reduction.scaled:
+            return self.world_size * local  # undoes FSDP's 1/W
+        if mode is Reduction.mean_of_means:
+            # nanoGPT-style: this shard's own token mean, averaged over micro-batches.
+            mean = token_loss / max(micro_valid_tokens, 1) / self.grad_accum
+            self.mean_sum += mean.detach()
+            return mean
+        return local  # local, fsdp_sum
+
+    def finish_step(self) -> StepLoss:
+        if self.mode in (Reduction.sum, Reduction.detached):
+            loss = reported = self.loss_sum.item()
+        else:
+            # One collective per step carries both L and the mean of means.
+            both = funcol.all_reduce(torch.stack([self.loss_sum, self.mean_sum]), "sum", self.group)
+            loss, mean_of_means = both.tolist()
+            reported = mean_of_means / self.world_size if self.mode is Reduction.mean_of_means else loss
+        return StepLoss(loss=loss, reported=reported, valid_tokens=int(self.valid_tokens.item()))
+
+
+def forward_backward(
+    model: torch.nn.Module, micro_batches: list[Batch], reducer: LossReducer, device: torch.device
+) -> StepLoss:
+    """One optimizer step's gradients, accumulated over this rank's micro-batches."""
+    reducer.start_step(global_valid_tokens(micro_batches, reducer.group, device))
+    for micro in micro_batches:
+        logits = model(micro.inputs.to(device), position_offset=micro.position_offset)
+        token_loss = token_loss_sum(logits, micro.labels.to(device))
+        reducer.backward_loss(token_loss, micro.valid_tokens).backward()
+    return reducer.finish_step()

@@ -1,0 +1,105 @@
+"""Cross-field checks of a run config, done before any rank process starts.
+
+Types and enum values are already checked by OmegaConf against
+`runner.config.RunConfig`; this module checks what types cannot say. Every
+message names the field, its value and what would be valid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from runner.layout import ParallelLayout
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+BYTE_VOCAB = 256
+
+
+class InvalidConfig(ValueError):
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        fields = ", ".join(sorted({name for name, _ in problems}))
+        lines = "\n".join(f"  - {message}" for _, message in problems)
+        super().__init__(f"invalid config ({fields}):\n{lines}")
+
+
+def layout_of(cfg: DictConfig) -> ParallelLayout:
+    return ParallelLayout(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum)
+
+
+def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+    """(field, message) pairs for every rule the config breaks."""
+    problems = layout_of(cfg).problems(
+        global_batch=cfg.train.global_batch, seq_len=cfg.train.seq_len, n_heads=cfg.model.n_heads
+    )
+    problems += _model_problems(cfg.model)
+    problems += _training_problems(cfg)
+    problems += _data_problems(cfg.data)
+    return problems
+
+
+def validate(cfg: DictConfig) -> None:
+    problems = config_problems(cfg)
+    if problems:
+        raise InvalidConfig(problems)
+
+
+def _positive(value: float, name: str) -> list[tuple[str, str]]:
+    return [] if value > 0 else [(name, f"{name}={value} must be > 0")]
+
+
+def _model_problems(model: DictConfig) -> list[tuple[str, str]]:
+    found = _positive(model.n_layers, "model.n_layers") + _positive(model.n_heads, "model.n_heads")
+    found += _positive(model.d_model, "model.d_model")
+    if found:
+        return found
+    if model.d_model % model.n_heads:
+        found.append(("model.d_model", f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}"))
+    elif (model.d_model // model.n_heads) % 2:
+        found.append(
+            ("model.n_heads", f"head dim model.d_model/model.n_heads={model.d_model // model.n_heads} must be even for RoPE")
+        )
+    if model.vocab_size < BYTE_VOCAB:
+        found.append(("model.vocab_size", f"model.vocab_size={model.vocab_size} must be >= {BYTE_VOCAB} (byte-level tokens)"))
+    if model.ffn_hidden is not None and model.ffn_hidden < 1:
+        found.append(("model.ffn_hidden", f"model.ffn_hidden={model.ffn_hidden} must be >= 1 or null"))
+    return found
+
+
+def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+    found = _positive(cfg.train.steps, "train.steps") + _positive(cfg.train.seq_len, "train.seq_len")
+    found += _positive(cfg.train.global_batch, "train.global_batch") + _positive(cfg.train.log_every, "train.log_every")
+    found += _positive(cfg.optim.lr, "optim.lr") + _positive(cfg.timeout_s, "timeout_s")
+    if cfg.optim.warmup_steps < 0:
+        found.append(("optim.warmup_steps", f"optim.warmup_steps={cfg.optim.warmup_steps} must be >= 0"))
+    if cfg.metrics.sketch_dim < 0:
+        found.append(("metrics.sketch_dim", f"metrics.sketch_dim={cfg.metrics.sketch_dim} must be >= 0 (0 disables)"))
+    return found
+
+
+def _data_problems(data: DictConfig) -> list[tuple[str, str]]:
+    if data.path is None:
+        return []
+    path = Path(data.path).expanduser()
+    if not path.exists():
+        return [("data.path", f"data.path={data.path} does not exist; give a .txt file, a folder of .txt files or a .jsonl file")]
+    if path.is_file() and path.suffix not in TEXT_SUFFIXES:
+        return [("data.path", f"data.path={data.path} has suffix {path.suffix!r}; valid: {', '.join(TEXT_SUFFIXES)} or a folder")]
+    if path.is_dir() and not any(path.rglob("*.txt")):
+        return [("data.path", f"data.path={data.path} is a folder without .txt files")]
+    return []
+
+
+def machine_shortfall(cfg: DictConfig, cuda_devices: int) -> str | None:
+    """Why this machine cannot run a valid config (the job is then skipped), or None."""
+    if cfg.device.value == "cuda" and cuda_devices == 0:
+        return "device=cuda but no CUDA device is visible; use device=auto or device=cpu"
+    uses_cuda = cfg.device.value == "cuda" or (cfg.device.value == "auto" and cuda_devices > 0)
+    if uses_cuda and cfg.world_size > cuda_devices:
+        return (
+            f"world_size={cfg.world_size} needs one GPU per rank but {cuda_devices} are visible; "
+            f"use world_size<={cuda_devices} or device=cpu"
+        )
+    return None

@@ -1,0 +1,49 @@
+"""The rank-0 Weights & Biases run of a job (offline by default).
+
+group = the sweep directory's name, job_type = the reduction mode, name = the
+job's overrides, config = the resolved run config. Tokens are the step
+metric, so runs that split the same global batch differently line up. The
+run reads its API key from the environment itself; nothing here copies it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def start_wandb_run(cfg: DictConfig, job_dir: Path, *, name: str, group: str, extra_config: dict[str, Any]):
+    """A live wandb Run, or None when `wandb.mode=disabled`."""
+    if cfg.wandb.mode.value == "disabled":
+        return None
+    import wandb
+
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config.update(extra_config)
+    run = wandb.init(
+        project=cfg.wandb.project,
+        entity=cfg.wandb.entity,
+        group=group,
+        job_type=cfg.reduction.value,
+        name=name,
+        config=config,
+        dir=str(job_dir),
+        mode=cfg.wandb.mode.value,
+        settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+    )
+    run.define_metric("tokens")
+    run.define_metric("*", step_metric="tokens")
+    return run
+
+
+def wandb_payload(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, grad_sketch/<k>."""
+    payload = {key: value for key, value in record.items() if key not in ("comm", "grad_sketch")}
+    for kind, counts in record.get("comm", {}).items():
+        for field, value in counts.items():
+            payload[f"comm/{kind}/{field}"] = value
+    for index, value in enumerate(record.get("grad_sketch") or []):
+        payload[f"grad_sketch/{index}"] = value
+    return payload

@@ -1,0 +1,122 @@
+"""One rank of a job: `python -m runner.worker JOB_DIR --name NAME --group GROUP --spawned-at T`.
+
+`runner.launch` starts one such process per rank; a job that joins a torchrun
+world calls `run_rank` in-process instead. Rank 0 writes summary.json. A rank
+ends with `os._exit` after a barrier, the process group's destruction and W&B's
+finish (DESIGN.md section 2), so no rank aborts at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROCESS_STARTED = time.time()  # before the heavy imports, to split launch from init time
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+import warnings  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    name: str  # W&B run name: the job's overrides
+    group: str  # W&B group: the sweep directory's name
+    spawned_at: float | None = None  # epoch seconds when the launcher started this rank
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    # One line per warning, so the launcher can show each distinct one once per sweep.
+    return f"[warning] {category.__name__}: {message} ({Path(filename).name}:{lineno})\n"
+
+
+def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> int:
+    """Train as rank `env.rank`; returns the process exit code. Rank 0 writes summary.json."""
+    import torch
+
+    from runner.distributed import init_world, leave_world, resolve_device_type
+    from runner.metrics import MetricLogger
+    from runner.parallel import build_meshes
+    from runner.summary import update_summary, versions
+    from runner.train import train
+    from runner.validate import layout_of
+    from runner.wandb_run import start_wandb_run
+
+    layout = layout_of(cfg)
+    summary = {
+        "run_name": job.name,
+        "group": job.group,
+        "reduction": cfg.reduction.value,
+        "world_size": cfg.world_size,
+        "dp": layout.dp,
+        "sp": layout.sp,
+        "grad_accum": cfg.grad_accum,
+        "layout": str(layout),
+        "versions": versions(),
+        "wall_s": {"launch": None if job.spawned_at is None else round(process_started - job.spawned_at, 3)},
+    }
+    logger = None
+    marks = {"start": process_started}
+    try:
+        device_type = resolve_device_type(cfg.device.value, torch.cuda.is_available())
+        device = init_world(env, device_type, cfg.timeout_s)
+        summary["backend"] = "nccl" if device_type == "cuda" else "gloo"
+        summary["device"] = torch.cuda.get_device_name(device) if device_type == "cuda" else "cpu"
+        meshes = build_meshes(layout, device_type)
+        if env.is_main:
+            run = start_wandb_run(
+                cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
+            )
+            logger = MetricLogger(job_dir / "metrics.jsonl", run)
+        marks["init"] = time.time()
+        result = train(cfg, meshes, device, logger)
+        marks["train"] = time.time()
+        summary.update(status=result.status, error=None, steps_done=result.steps_done, final_loss=result.final_loss)
+        leave_world()
+        if logger is not None:
+            logger.close()
+        marks["teardown"] = time.time()
+        code = 0
+    except BaseException as error:  # KeyboardInterrupt too: record it, then exit non-zero
+        traceback.print_exc()
+        summary.update(status="failed", error=f"rank {env.rank}: {type(error).__name__}: {error}")
+        if logger is not None:
+            logger.close()
+        code = 1
+    previous = "start"
+    for phase in ("init", "train", "teardown"):
+        if phase in marks:
+            summary["wall_s"][phase] = round(marks[phase] - marks[previous], 3)
+            previous = phase
+    if env.is_main:
+        update_summary(job_dir, **summary)
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--spawned-at", type=float, default=None)
+    args = parser.parse_args(argv)
+    warnings.formatwarning = one_line_warning
+
+    from runner.config import load_run_config
+    from runner.distributed import rank_env
+
+    env = rank_env()
+    if env is None:
+        sys.exit("runner.worker runs as one rank of a world: RANK and WORLD_SIZE must be set (runner.launch sets them)")
+    cfg = load_run_config(args.job_dir / "config.yaml")
+    code = run_rank(cfg, args.job_dir, env, JobInfo(args.name, args.group, args.spawned_at), PROCESS_STARTED)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
