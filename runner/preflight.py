@@ -18,7 +18,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig
 
 from runner.config import run_config_from
-from runner.validate import InvalidConfig, config_problems
+from runner.validate import config_problems
 
 log = logging.getLogger("runner")
 
@@ -33,15 +33,18 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
 class SweepPreflight(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         jobs = sweep_jobs(config)
-        invalid: list[tuple[list[str], list[tuple[str, str]]]] = []
-        for overrides in jobs:
+        invalid = []
+        for number, overrides in enumerate(jobs):
             problems = config_problems(run_config_from(compose(config.hydra.job.config_name, overrides)))
             if problems:
-                invalid.append((overrides, problems))
+                messages = "; ".join(message for _, message in problems)
+                invalid.append(f"  #{number} {' '.join(overrides)}: {messages}")
         if not invalid:
             log.info(f"preflight: all {len(jobs)} jobs are valid")
             return
-        report = "\n".join(f"  {','.join(overrides)}: {InvalidConfig(problems)}" for overrides, problems in invalid)
+        report = "\n".join(invalid)
         if len(invalid) == len(jobs):
-            raise InvalidConfig([p for _, problems in invalid for p in problems])
+            log.error(f"preflight: no job of this sweep is valid, nothing was started:\n{report}")
+            # Hydra turns a callback's exceptions into warnings; SystemExit is not an Exception.
+            raise SystemExit(2)
         log.warning(f"preflight: {len(invalid)} of {len(jobs)} jobs are invalid and will not start:\n{report}")

@@ -81,7 +81,9 @@ def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
 
 def _data_problems(data: DictConfig) -> list[tuple[str, str]]:
     if data.path is None:
-        return []
+        if data.name == "embedded":
+            return []
+        return [("data.path", f"data={data.name} needs data.path=FILE_OR_FOLDER (.txt, a folder of .txt, or .jsonl)")]
     path = Path(data.path).expanduser()
     if not path.exists():
         return [("data.path", f"data.path={data.path} does not exist; give a .txt file, a folder of .txt files or a .jsonl file")]

@@ -1,0 +1,120 @@
+"""Config composition through Hydra's compose API: accepted override lists and rejected ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from runner.config import register_configs, run_config_from
+from runner.validate import InvalidConfig, validate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+register_configs()
+
+
+def composed(overrides: list[str], hydra_node: bool = False) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides, return_hydra_config=hydra_node)
+
+
+def error_chain(error: BaseException) -> str:
+    messages = []
+    while error is not None:
+        messages.append(str(error))
+        error = error.__cause__ or error.__context__
+    return "\n".join(messages)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ([], {"reduction": "sum", "world_size": 2, "grad_accum": 2, "sp": 1, "model.d_model": 64, "optim.clip": 1.0}),
+        (["model=small"], {"model.n_layers": 4, "model.d_model": 256, "model.n_heads": 8}),
+        (["model=gpt2_124m"], {"model.n_layers": 12, "model.d_model": 768, "model.vocab_size": 50304}),
+        (["optim=sgd"], {"optim.name": "sgd", "optim.clip": 0.0, "optim.momentum": 0.9}),
+        (["reduction=mean_of_means", "world_size=4", "grad_accum=4"], {"reduction": "mean_of_means", "world_size": 4}),
+        (
+            ["train.steps=5", "train.seq_len=64", "optim.lr=1e-3", "optim.clip=0.5", "wandb.mode=disabled", "wandb.project=p"],
+            {"train.steps": 5, "train.seq_len": 64, "optim.lr": 1e-3, "optim.clip": 0.5, "wandb.mode": "disabled"},
+        ),
+        (["experiment=sgd"], {"optim.name": "sgd", "grad_accum": 2}),
+        (["seed=7", "device=cpu"], {"seed": 7, "device": "cpu"}),
+    ],
+)
+def test_accepted_overrides(overrides, expected):
+    cfg = run_config_from(composed(overrides))
+    validate(cfg)
+    for key, value in expected.items():
+        got = cfg
+        for part in key.split("."):
+            got = got[part]
+        assert (got.value if hasattr(got, "value") else got) == value, key
+
+
+def test_experiment_presets_set_the_sweep():
+    default = composed([], hydra_node=True).hydra.sweeper.params
+    assert default.reduction.split(",") == ["sum", "local", "detached", "fsdp_sum", "scaled", "mean_of_means"]
+    grid = composed(["experiment=grid"], hydra_node=True).hydra.sweeper.params
+    assert grid.world_size == "1,2,4" and grid.grad_accum == "1,4"
+
+
+def test_user_text_file_is_accepted(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("one paragraph\n\nanother one\n")
+    cfg = run_config_from(composed(["data=text", f"data.path={text}"]))
+    validate(cfg)
+    assert cfg.data.path == str(text)
+
+
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        (["reduction=summ"], ["reduction", "mean_of_means"]),  # the valid values are listed
+        (["world_size=two"], ["world_size"]),
+        (["optim.lrr=1"], ["optim.lrr"]),
+        (["wandb.mode=cloud"], ["wandb.mode", "offline"]),
+        (["model=huge"], ["model/huge", "tiny"]),
+    ],
+)
+def test_composition_rejects(overrides, names):
+    with pytest.raises(Exception) as caught:
+        run_config_from(composed(overrides))
+    message = error_chain(caught.value)
+    for name in names:
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    "overrides, field, hint",
+    [
+        (["sp=2"], "sp", "valid: sp=1"),
+        (["grad_accum=3"], "train.global_batch", "multiple of 6"),
+        (["world_size=4", "train.global_batch=10"], "train.global_batch", "multiple of 8"),
+        (["world_size=0"], "world_size", ">= 1"),
+        (["grad_accum=0"], "grad_accum", ">= 1"),
+        (["model.d_model=65"], "model.d_model", "divisible by model.n_heads=4"),
+        (["model.d_model=12", "model.n_heads=4"], "model.n_heads", "must be even"),
+        (["model.vocab_size=100"], "model.vocab_size", ">= 256"),
+        (["optim.lr=0"], "optim.lr", "> 0"),
+        (["train.steps=0"], "train.steps", "> 0"),
+        (["metrics.sketch_dim=-1"], "metrics.sketch_dim", ">= 0"),
+        (["data=text"], "data.path", "needs data.path"),
+        (["data.path=/nonexistent/corpus.txt"], "data.path", "does not exist"),
+    ],
+)
+def test_validation_rejects_with_field_and_hint(overrides, field, hint):
+    cfg = run_config_from(composed(overrides))
+    with pytest.raises(InvalidConfig) as caught:
+        validate(cfg)
+    assert field in [name for name, _ in caught.value.problems]
+    assert f"{field}" in str(caught.value) and hint in str(caught.value)
+
+
+def test_unsupported_data_suffix_is_rejected(tmp_path):
+    bad = tmp_path / "corpus.csv"
+    bad.write_text("a,b\n")
+    with pytest.raises(InvalidConfig, match=r"data\.path=.*has suffix '\.csv'; valid: \.txt, \.jsonl"):
+        validate(run_config_from(composed([f"data.path={bad}"])))

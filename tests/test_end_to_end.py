@@ -1,0 +1,176 @@
+"""End to end: `python -m runner` sweeps in subprocesses, read back from the files they leave.
+
+One module-scoped sweep of three modes backs most assertions; the other
+tests cover a failed job amid good ones, invalid input, timeouts and torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SECRET = "local-5ec7e7-0123456789abcdef0123456789abcdef01"
+GRAD_ACCUM = 2  # set by the default experiment
+STEPS = 5
+
+
+def run_runner(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args], cwd=cwd, env=environ, capture_output=True, text=True, timeout=600
+    )
+
+
+def metrics(job: Path) -> list[dict]:
+    return [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(job: Path) -> dict:
+    return json.loads((job / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    sweep_dir = root / "sweep"
+    done = run_runner(
+        ["-m", "reduction=sum,local,detached", "world_size=2", f"train.steps={STEPS}", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=root,
+        WANDB_API_KEY=SECRET,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = {summary(job)["reduction"]: job for job in sorted(sweep_dir.iterdir()) if job.is_dir()}
+    return sweep_dir, jobs, done.stdout + done.stderr
+
+
+def test_three_completed_jobs_with_the_contracted_files(sweep):
+    _, jobs, _ = sweep
+    assert sorted(jobs) == ["detached", "local", "sum"]
+    for job in jobs.values():
+        info = summary(job)
+        assert info["status"] == "completed" and info["error"] is None and info["steps_done"] == STEPS
+        assert set(info["wall_s"]) == {"launch", "init", "train", "teardown"}
+        assert info["versions"]["torch"].startswith("2.") and info["backend"] == "gloo"
+        assert (job / "config.yaml").read_text().startswith("reduction:")
+        records = metrics(job)
+        assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+        assert all(r["tokens"] == sum(q["valid_tokens"] for q in records[: i + 1]) for i, r in enumerate(records))
+        for field in ("loss", "grad_norm", "clip_coef", "lr", "step_time_s"):
+            assert all(isinstance(r[field], float) for r in records), field
+        assert all(len(r["grad_sketch"]) == 8 for r in records)
+        assert list(job.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def test_modes_agree_at_step_one_up_to_their_gradient_factor(sweep):
+    _, jobs, _ = sweep
+    first = {mode: metrics(job)[0] for mode, job in jobs.items()}
+    for mode in ("local", "detached"):
+        assert first[mode]["loss"] == pytest.approx(first["sum"]["loss"], rel=1e-6)
+        # W = 2: the local-loss gradient is half the global one, and so is every projection of it.
+        assert first[mode]["grad_norm"] == pytest.approx(first["sum"]["grad_norm"] / 2, rel=1e-5)
+        for got, want in zip(first[mode]["grad_sketch"], first["sum"]["grad_sketch"]):
+            assert got == pytest.approx(want / 2, rel=1e-4, abs=1e-6)
+
+
+def test_communication_differs_by_the_modes_loss_collectives(sweep):
+    _, jobs, _ = sweep
+    calls = {mode: metrics(job)[-1]["comm"] for mode, job in jobs.items()}
+    all_reduces = {mode: c["all_reduce"]["calls"] for mode, c in calls.items()}
+    # sum: forward + backward per micro-batch; detached: one per micro-batch; local: one per step.
+    assert all_reduces["sum"] - all_reduces["local"] == 2 * GRAD_ACCUM - 1
+    assert all_reduces["detached"] - all_reduces["local"] == GRAD_ACCUM - 1
+    for kind in ("all_gather", "reduce_scatter"):  # FSDP's own traffic does not depend on the mode
+        assert calls["sum"][kind]["calls"] == calls["local"][kind]["calls"] > 0
+        assert calls["sum"][kind]["bytes"] == calls["local"][kind]["bytes"] > 0
+
+
+def test_offline_wandb_run_holds_the_loss_history(sweep):
+    sweep_dir, jobs, _ = sweep
+    wandb = shutil.which("wandb", path=str(Path(sys.executable).parent))
+    for mode, job in jobs.items():
+        run_dir = next(job.glob("wandb/offline-run-*"))
+        out = subprocess.run([wandb, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True)
+        records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        history = [r["history"]["item"] for r in records if r["type"] == "history"]
+        assert [h["loss"] for h in history] == pytest.approx([m["loss"] for m in metrics(job)], rel=1e-9)
+        assert [h["tokens"] for h in history] == [m["tokens"] for m in metrics(job)]
+        run = next(r["run"] for r in records if r["type"] == "run")
+        assert run["run_group"] == sweep_dir.name and run["job_type"] == mode
+
+
+def test_api_key_never_lands_in_a_file(sweep):
+    sweep_dir, _, output = sweep
+    assert SECRET not in output
+    for path in sweep_dir.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("\n\n".join(f"Paragraph number {i} of a small corpus." for i in range(50)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"body": "no text field"}) + "\n")
+    done = run_runner(
+        ["-m", "reduction=sum", f"data.path={bad},{good}", "grad_accum=1,3", "train.steps=2", "wandb.mode=disabled", "hydra.sweep.dir=s"],
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 of 4 jobs are invalid" in done.stdout + done.stderr
+    outcomes = {}
+    for job in (tmp_path / "s").iterdir():
+        if job.is_dir():
+            config = (job / "config.yaml").read_text()
+            outcomes[("bad" if "bad.jsonl" in config else "good", "grad_accum: 3" in config)] = summary(job)
+    assert outcomes[("good", False)]["status"] == "completed"
+    assert outcomes[("bad", False)]["status"] == "failed"
+    assert "has no field 'text' (data.text_field)" in outcomes[("bad", False)]["error"]
+    for source in ("good", "bad"):
+        invalid = outcomes[(source, True)]
+        assert invalid["status"] == "invalid" and invalid["problems"] == ["train.global_batch"]
+    assert not list((tmp_path / "s").glob("*grad_accum=3*/logs"))  # no rank was started
+
+
+def test_invalid_single_run_fails_before_any_rank_starts(tmp_path):
+    done = run_runner(["sp=2", "hydra.run.dir=run"], cwd=tmp_path)
+    assert done.returncode != 0
+    assert "sp=2 is not supported yet" in done.stdout + done.stderr
+    assert summary(tmp_path / "run")["status"] == "invalid"
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_sweep_with_no_valid_job_stops_before_launching(tmp_path):
+    done = run_runner(["-m", "grad_accum=3,5", "hydra.sweep.dir=s"], cwd=tmp_path)
+    assert done.returncode != 0
+    assert "train.global_batch=16 cannot be split evenly" in done.stdout + done.stderr
+    assert not any(p.is_dir() for p in (tmp_path / "s").glob("*"))
+
+
+def test_a_job_past_its_timeout_is_stopped_and_recorded(tmp_path):
+    done = run_runner(["train.steps=100000", "timeout_s=6", "wandb.mode=disabled", "hydra.run.dir=run"], cwd=tmp_path)
+    assert done.returncode == 0
+    info = summary(tmp_path / "run")
+    assert info["status"] == "failed" and "timed out after timeout_s=6" in info["error"]
+    assert len(metrics(tmp_path / "run")) > 0  # what was logged before the stop is kept
+
+
+def test_joins_a_torchrun_world_instead_of_spawning(tmp_path):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "runner", "train.steps=3", "wandb.mode=disabled", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = summary(tmp_path / "run")
+    assert info["status"] == "completed" and info["steps_done"] == 3
+    assert info["wall_s"]["launch"] is None  # torchrun launched it, not us
+    assert not (tmp_path / "run" / "logs").exists()  # nothing was spawned
