@@ -1,0 +1,1 @@
+"""Benchmarks of the runner itself (`make bench`)."""
