@@ -22,7 +22,8 @@ from runner.config import run_config_from, save_run_config
 from runner.distributed import rank_env
 from runner.launch import log_tail, run_world
 from runner.summary import read_summary, update_summary
-from runner.validate import InvalidConfig, config_problems, layout_of, machine_shortfall
+from runner.layout import ParallelLayout
+from runner.validate import InvalidConfig, config_problems, machine_shortfall
 from runner.worker import JobInfo, run_rank
 
 log = logging.getLogger("runner")
@@ -85,7 +86,7 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
     save_run_config(cfg, job_dir / "config.yaml")
     (job_dir / "summary.json").unlink(missing_ok=True)  # a rerun of a failed job starts clean
     (job_dir / "metrics.jsonl").unlink(missing_ok=True)
-    log.info(f"{tag} {job.name}: {layout_of(cfg)} {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
+    log.info(f"{tag} {job.name}: {ParallelLayout.from_config(cfg)} {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
     outcome = run_world(
         cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s
     )

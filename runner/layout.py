@@ -18,6 +18,10 @@ class ParallelLayout:
     sp: int
     grad_accum: int
 
+    @classmethod
+    def from_config(cls, cfg) -> "ParallelLayout":
+        return cls(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum)
+
     @property
     def dp(self) -> int:
         return self.world_size // self.sp

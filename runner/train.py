@@ -22,6 +22,7 @@ from runner.model import build_model
 from runner.optim import build_optimizer, lr_at, set_lr
 from runner.parallel import Meshes, shard_model
 from runner.reduction import LossReducer, forward_backward
+from runner.layout import ParallelLayout
 
 
 @dataclass
@@ -32,7 +33,8 @@ class TrainResult:
 
 
 def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
-    layout_kwargs = dict(dp=meshes.world["dp"].size(), dp_rank=meshes.dp_rank, sp=cfg.sp, sp_rank=meshes.sp_rank)
+    layout = ParallelLayout.from_config(cfg)
+    rank_share = dict(dp=layout.dp, dp_rank=meshes.dp_rank, sp=layout.sp, sp_rank=meshes.sp_rank)
     group = meshes.world_group
     batches = GlobalBatches(
         load_documents(cfg.data),
@@ -52,7 +54,7 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
     tokens = 0
     result = TrainResult(status="completed", steps_done=0, final_loss=None)
     for step in range(1, steps + 1):
-        micro_batches = local_micro_batches(batches(step), grad_accum=cfg.grad_accum, **layout_kwargs)
+        micro_batches = local_micro_batches(batches(step), grad_accum=cfg.grad_accum, **rank_share)
         lr = lr_at(step, cfg.optim)
         set_lr(optimizer, lr)
 

@@ -25,13 +25,9 @@ class InvalidConfig(ValueError):
         super().__init__(f"invalid config ({fields}):\n{lines}")
 
 
-def layout_of(cfg: DictConfig) -> ParallelLayout:
-    return ParallelLayout(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum)
-
-
 def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     """(field, message) pairs for every rule the config breaks."""
-    problems = layout_of(cfg).problems(
+    problems = ParallelLayout.from_config(cfg).problems(
         global_batch=cfg.train.global_batch, seq_len=cfg.train.seq_len, n_heads=cfg.model.n_heads
     )
     problems += _model_problems(cfg.model)

@@ -42,10 +42,10 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     from runner.parallel import build_meshes
     from runner.summary import update_summary, versions
     from runner.train import train
-    from runner.validate import layout_of
+    from runner.layout import ParallelLayout
     from runner.wandb_run import start_wandb_run
 
-    layout = layout_of(cfg)
+    layout = ParallelLayout.from_config(cfg)
     summary = {
         "run_name": job.name,
         "group": job.group,
