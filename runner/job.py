@@ -52,11 +52,12 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
     job_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     tag = f"#{hydra_cfg.job.num}" if sweeping else "run"
+    cfg = run_config_from(hydra_task_cfg)
+    layout = ParallelLayout.from_config(cfg)
     job = JobInfo(
-        name=hydra_cfg.job.override_dirname or "defaults",
+        name=f"{layout} {hydra_cfg.job.override_dirname or 'defaults'}",
         group=Path(hydra_cfg.sweep.dir).name if sweeping else job_dir.name,
     )
-    cfg = run_config_from(hydra_task_cfg)
 
     if _already_completed(job_dir, cfg):
         log.info(f"{tag} {job.name}: skipped, completed earlier in {job_dir}")
@@ -86,7 +87,7 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
     save_run_config(cfg, job_dir / "config.yaml")
     (job_dir / "summary.json").unlink(missing_ok=True)  # a rerun of a failed job starts clean
     (job_dir / "metrics.jsonl").unlink(missing_ok=True)
-    log.info(f"{tag} {job.name}: {ParallelLayout.from_config(cfg)} {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
+    log.info(f"{tag} {job.name}: {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
     outcome = run_world(
         cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s
     )

@@ -1,15 +1,23 @@
 """The parallel layout of one job: how W ranks split into data and sequence parallelism.
 
 Built once from the config, validated before any process starts, and printed
-readably (`DP(2)-SP(1)-GA(4)`), which also names the run.
+readably (`DP(2)-SP(2)-GA(4)`), which also names the run. FSDP shards over all
+W = dp * sp ranks; Ulysses attention needs the heads and the sequence to split
+evenly over sp.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Sequence parallelism arrives with the Ulysses issue; until then only sp=1 runs.
-SUPPORTED_SP = (1,)
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _near_multiples(value: int, of: int) -> str:
+    lower = max(of, value - value % of)
+    return f"{lower} or {lower + of}"
 
 
 @dataclass(frozen=True)
@@ -36,33 +44,35 @@ class ParallelLayout:
     def problems(self, *, global_batch: int, seq_len: int, n_heads: int) -> list[tuple[str, str]]:
         """(field, message) for every rule the layout breaks; empty when it is valid."""
         found: list[tuple[str, str]] = []
-        if self.world_size < 1:
-            found.append(("world_size", f"world_size={self.world_size} must be >= 1"))
-        if self.grad_accum < 1:
-            found.append(("grad_accum", f"grad_accum={self.grad_accum} must be >= 1"))
-        if self.sp not in SUPPORTED_SP:
-            found.append(
-                ("sp", f"sp={self.sp} is not supported yet (sequence parallelism is not built); valid: sp=1")
-            )
-            return found
-        if self.world_size < 1 or self.grad_accum < 1:
+        for name, value in (("world_size", self.world_size), ("sp", self.sp), ("grad_accum", self.grad_accum)):
+            if value < 1:
+                found.append((name, f"{name}={value} must be >= 1"))
+        if found:
             return found
         if self.world_size % self.sp:
-            found.append(("sp", f"world_size={self.world_size} is not divisible by sp={self.sp}"))
-            return found
+            valid = ", ".join(map(str, _divisors(self.world_size)))
+            return [("sp", f"sp={self.sp} does not divide world_size={self.world_size}; valid sp: {valid}")]
         if n_heads % self.sp:
-            found.append(("sp", f"model.n_heads={n_heads} is not divisible by sp={self.sp}"))
+            valid = ", ".join(str(d) for d in _divisors(self.world_size) if n_heads % d == 0)
+            found.append(
+                ("sp", f"model.n_heads={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}")
+            )
         if seq_len % self.sp:
-            found.append(("sp", f"train.seq_len={seq_len} is not divisible by sp={self.sp}"))
+            found.append(
+                (
+                    "train.seq_len",
+                    f"train.seq_len={seq_len} cannot be split into sp={self.sp} equal chunks; "
+                    f"use a multiple of {self.sp} (e.g. {_near_multiples(seq_len, self.sp)})",
+                )
+            )
         split = self.dp * self.grad_accum
         if global_batch % split:
-            lower = max(split, global_batch - global_batch % split)
             found.append(
                 (
                     "train.global_batch",
                     f"train.global_batch={global_batch} cannot be split evenly over "
                     f"dp * grad_accum = {self.dp} * {self.grad_accum} = {split}; "
-                    f"use a multiple of {split} (e.g. {lower} or {lower + split})",
+                    f"use a multiple of {split} (e.g. {_near_multiples(global_batch, split)})",
                 )
             )
         return found

@@ -1,7 +1,8 @@
-"""Device mesh and FSDP2 sharding of the decoder.
+"""Device mesh, sequence parallelism and FSDP2 sharding of the decoder.
 
-The mesh is (dp, sp); FSDP shards parameters over the whole dp * sp world, so
-the gradient reduction (mean, or sum for `fsdp_sum`) runs over W = dp * sp.
+The mesh is (dp, sp). Ulysses attention runs on the sp dimension; FSDP shards
+parameters over the whole dp * sp world, so the gradient reduction (mean, or
+sum for `fsdp_sum`) runs over W = dp * sp.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runner.config import Reduction
 from runner.layout import ParallelLayout
 from runner.model import Decoder
 from runner.reduction import fsdp_sums_gradients
+from runner.ulysses import UlyssesAttention
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class Meshes:
     @property
     def world_group(self) -> dist.ProcessGroup:
         return self.fsdp.get_group()
+
+    @property
+    def sp_group(self) -> dist.ProcessGroup:
+        return self.world["sp"].get_group()
 
     @property
     def dp_rank(self) -> int:
@@ -41,11 +47,16 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     return Meshes(world=world, fsdp=world["dp", "sp"]._flatten("dp_sp"))
 
 
-def shard_model(model: Decoder, mesh: DeviceMesh, mode: Reduction) -> Decoder:
-    """fully_shard per block and at the root; `fsdp_sum` turns FSDP's mean into a true sum."""
+def parallelize(model: Decoder, meshes: Meshes, mode: Reduction) -> Decoder:
+    """Ulysses attention when sp > 1; fully_shard per block and at the root over all W ranks.
+
+    `fsdp_sum` turns FSDP's gradient mean into a true sum.
+    """
+    if meshes.world["sp"].size() > 1:
+        model.attention = UlyssesAttention(meshes.sp_group)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=meshes.fsdp)
+    fully_shard(model, mesh=meshes.fsdp)
     if fsdp_sums_gradients(mode):
         # Both setters act on one FSDP module only, so apply them to every one.
         # Divide factor 1.0 alone asks for PREMUL_SUM, which gloo lacks;

@@ -20,7 +20,7 @@ from runner.gradients import GradientSketch, clip_gradients
 from runner.metrics import MetricLogger, progress_line
 from runner.model import build_model
 from runner.optim import build_optimizer, lr_at, set_lr
-from runner.parallel import Meshes, shard_model
+from runner.parallel import Meshes, parallelize
 from runner.reduction import LossReducer, forward_backward
 from runner.layout import ParallelLayout
 
@@ -43,7 +43,7 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
         seed=cfg.seed,
         packing=cfg.data.packing,
     )
-    model = shard_model(build_model(cfg.model, cfg.seed).to(device), meshes.fsdp, cfg.reduction)
+    model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     reducer = LossReducer(cfg.reduction, group, cfg.grad_accum)
     sketch = GradientSketch(model, cfg.metrics.sketch_dim, cfg.metrics.sketch_seed) if cfg.metrics.sketch_dim else None
@@ -78,6 +78,8 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
         result.steps_done, result.final_loss = step, step_loss.loss
         record = {
             "step": step,
+            "dp": layout.dp,
+            "sp": layout.sp,
             "tokens": tokens,
             "valid_tokens": step_loss.valid_tokens,
             "loss": step_loss.loss,

@@ -42,6 +42,8 @@ def error_chain(error: BaseException) -> str:
         ),
         (["experiment=sgd"], {"optim.name": "sgd", "grad_accum": 2}),
         (["seed=7", "device=cpu"], {"seed": 7, "device": "cpu"}),
+        (["world_size=4", "sp=2"], {"world_size": 4, "sp": 2}),
+        (["world_size=4", "sp=4", "grad_accum=1"], {"sp": 4}),
     ],
 )
 def test_accepted_overrides(overrides, expected):
@@ -90,7 +92,11 @@ def test_composition_rejects(overrides, names):
 @pytest.mark.parametrize(
     "overrides, field, hint",
     [
-        (["sp=2"], "sp", "valid: sp=1"),
+        (["sp=3"], "sp", "sp=3 does not divide world_size=2; valid sp: 1, 2"),
+        (["sp=0"], "sp", ">= 1"),
+        (["world_size=8", "sp=8", "grad_accum=1"], "sp", "model.n_heads=4 cannot be split over sp=8 ranks; valid sp for this model: 1, 2, 4"),
+        (["sp=2", "train.seq_len=127"], "train.seq_len", "use a multiple of 2 (e.g. 126 or 128)"),
+        (["world_size=4", "sp=2", "grad_accum=3"], "train.global_batch", "dp * grad_accum = 2 * 3 = 6"),
         (["grad_accum=3"], "train.global_batch", "multiple of 6"),
         (["world_size=4", "train.global_batch=10"], "train.global_batch", "multiple of 8"),
         (["world_size=0"], "world_size", ">= 1"),

@@ -18,7 +18,7 @@ from runner.config import Reduction
 from runner.data import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
 from runner.model import build_model
-from runner.parallel import build_meshes, shard_model
+from runner.parallel import build_meshes, parallelize
 from runner.reduction import LossReducer, forward_backward
 
 WORLD_SIZES = (2, 4)
@@ -51,7 +51,7 @@ def world_gradients(world_size: int) -> dict:
             batch, dp=world_size, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=grad_accum
         )
         for mode in Reduction:
-            model = shard_model(build_model(cfg.model, cfg.seed), meshes.fsdp, mode)
+            model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
             step = forward_backward(model, micro_batches, LossReducer(mode, meshes.world_group, grad_accum), torch.device("cpu"))
             grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
             results[grad_accum, mode] = (step.loss, step.reported, grads)
@@ -108,3 +108,43 @@ def test_world_sizes_agree_on_local_step_loss(world, reference):
     _, results = world
     losses = {results[m, Reduction.local][0] for m in GRAD_ACCUMS}
     assert max(losses) - min(losses) < 1e-6 * reference[0]
+
+
+SP_DEGREES = (1, 2, 4)
+SP_MODES = (Reduction.sum, Reduction.local)
+
+
+def world_sp_gradients(world_size: int) -> dict:
+    """At W = world_size, for each sp: step-1 (loss, full gradient) of `sum` and `local`."""
+    cfg = run_config(**CFG)
+    batch = _step_one(cfg)
+    results = {}
+    for sp in SP_DEGREES:
+        layout = ParallelLayout(world_size, sp, 1)
+        meshes = build_meshes(layout, "cpu")
+        micro_batches = local_micro_batches(
+            batch, dp=layout.dp, dp_rank=meshes.dp_rank, sp=sp, sp_rank=meshes.sp_rank, grad_accum=1
+        )
+        for mode in SP_MODES:
+            model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
+            step = forward_backward(model, micro_batches, LossReducer(mode, meshes.world_group, 1), torch.device("cpu"))
+            results[sp, mode] = (step.loss, {name: p.grad.full_tensor() for name, p in model.named_parameters()})
+    return results
+
+
+@pytest.fixture(scope="module")
+def sp_world():
+    return run_in_world(world_sp_gradients, 4, 4)[0]
+
+
+@pytest.mark.parametrize("sp", SP_DEGREES, ids=lambda s: f"sp{s}")
+@pytest.mark.parametrize("mode", SP_MODES, ids=lambda m: m.value)
+def test_sequence_parallel_gradients_match_reference(sp_world, reference, sp, mode):
+    """W = 4 = dp * sp: `sum` gives dL and `local` dL / 4 whatever the split into dp and sp."""
+    ref_loss, ref_grads = reference
+    loss, grads = sp_world[sp, mode]
+    assert loss == pytest.approx(sp_world[1, mode][0], rel=1e-5)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    factor = FACTOR[mode](4)
+    for name, ref_grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], ref_grad * factor, msg=lambda m: f"sp={sp} {mode.value} {name}: {m}")
