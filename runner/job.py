@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from runner.config import run_config_from, save_run_config
 from runner.distributed import rank_env
 from runner.launch import log_tail, run_world
-from runner.summary import read_summary, update_summary
 from runner.layout import ParallelLayout
+from runner.summary import read_summary, update_summary
 from runner.validate import InvalidConfig, config_problems, machine_shortfall
 from runner.worker import JobInfo, run_rank
 
@@ -45,6 +46,14 @@ def _already_completed(job_dir: Path, cfg: DictConfig) -> bool:
         and config_file.exists()
         and config_file.read_text() == OmegaConf.to_yaml(cfg, resolve=True)
     )
+
+
+def _clear_earlier_attempt(job_dir: Path) -> None:
+    """A rerun of a job that did not complete starts clean."""
+    (job_dir / "summary.json").unlink(missing_ok=True)
+    (job_dir / "metrics.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(job_dir / "wandb", ignore_errors=True)
+    shutil.rmtree(job_dir / "logs", ignore_errors=True)
 
 
 def run_job(hydra_task_cfg: DictConfig) -> dict:
@@ -85,8 +94,7 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
         return {"status": "skipped"}
 
     save_run_config(cfg, job_dir / "config.yaml")
-    (job_dir / "summary.json").unlink(missing_ok=True)  # a rerun of a failed job starts clean
-    (job_dir / "metrics.jsonl").unlink(missing_ok=True)
+    _clear_earlier_attempt(job_dir)
     log.info(f"{tag} {job.name}: {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
     outcome = run_world(
         cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s

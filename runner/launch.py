@@ -23,7 +23,7 @@ from pathlib import Path
 from runner.distributed import spawned_rank_environ
 
 _POLL_S = 0.1
-_GRACE_S = 5.0  # how long survivors of a failed rank get to exit on their own
+_GRACE_S = 5.0  # how long the other ranks of a failed rank get to exit on their own
 _LOG_TAIL_LINES = 25
 # Warnings already echoed by this process (a sweep runs its jobs in one process).
 _shown_warnings: set[str] = set()
@@ -62,14 +62,20 @@ def _echo(stream, log_file) -> None:
         sys.stdout.flush()
 
 
-def _stop(processes: Sequence[subprocess.Popen]) -> None:
-    for sig, wait_s in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 5.0)):
-        alive = [p for p in processes if p.poll() is None]
-        for p in alive:
-            p.send_signal(sig)
-        deadline = time.monotonic() + wait_s
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
+def _wait_for_exit(processes: Sequence[subprocess.Popen], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+
+
+def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0) -> None:
+    """Let the ranks exit on their own for `grace_s`, then SIGTERM, then SIGKILL."""
+    _wait_for_exit(processes, grace_s)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in processes:
+            if p.poll() is None:
+                p.send_signal(sig)
+        _wait_for_exit(processes, 5.0)
 
 
 def run_world(
@@ -106,7 +112,8 @@ def run_world(
         deadline = started + timeout_s
         while any(p.poll() is None for p in processes):
             if any(p.poll() not in (None, 0) for p in processes):
-                _stop(processes)  # survivors would block in a collective with the dead rank
+                # Survivors may be recording the same error, or blocked in a collective with the dead rank.
+                _stop(processes, grace_s=_GRACE_S)
                 break
             if time.monotonic() > deadline:
                 timed_out = True

@@ -30,8 +30,8 @@ class MetricLogger:
             self.wandb_run = None
 
 
-def progress_line(record: dict[str, Any], steps: int, tokens_per_s: float) -> str:
+def progress_line(record: dict[str, Any], steps: int) -> str:
     return (
         f"step {record['step']:>{len(str(steps))}}/{steps} | loss {record['loss']:.4f} | "
-        f"grad_norm {record['grad_norm']:.3g} | {tokens_per_s / 1e3:.1f}k tok/s"
+        f"grad_norm {record['grad_norm']:.3g} | {record['tokens_per_s'] / 1e3:.1f}k tok/s"
     )

@@ -30,6 +30,7 @@ class TrainResult:
     status: str  # "completed" or "diverged"
     steps_done: int
     final_loss: float | None
+    error: str | None = None
 
 
 def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
@@ -95,11 +96,12 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
         if logger is not None:
             logger.log(record)
             if step == 1 or step % cfg.train.log_every == 0 or step == steps:
-                print(progress_line(record, steps, record["tokens_per_s"]), flush=True)
+                print(progress_line(record, steps), flush=True)
         # The loss and the norm are world-reduced, so every rank stops at the same step.
         if not (math.isfinite(step_loss.loss) and math.isfinite(grad_norm)):
             result.status = "diverged"
+            result.error = f"not finite at step {step}: loss {step_loss.loss}, grad_norm {grad_norm}"
             if logger is not None:
-                print(f"diverged at step {step}: loss {step_loss.loss}, grad_norm {grad_norm}", flush=True)
+                print(f"diverged: {result.error}", flush=True)
             break
     return result

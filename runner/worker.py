@@ -23,7 +23,7 @@ from pathlib import Path  # noqa: E402
 
 @dataclass(frozen=True)
 class JobInfo:
-    name: str  # W&B run name: the job's overrides
+    name: str  # W&B run name: the layout and the job's overrides
     group: str  # W&B group: the sweep directory's name
     spawned_at: float | None = None  # epoch seconds when the launcher started this rank
 
@@ -38,11 +38,11 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     import torch
 
     from runner.distributed import init_world, leave_world, resolve_device_type
+    from runner.layout import ParallelLayout
     from runner.metrics import MetricLogger
     from runner.parallel import build_meshes
     from runner.summary import update_summary, versions
     from runner.train import train
-    from runner.layout import ParallelLayout
     from runner.wandb_run import start_wandb_run
 
     layout = ParallelLayout.from_config(cfg)
@@ -74,7 +74,7 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
         marks["init"] = time.time()
         result = train(cfg, meshes, device, logger)
         marks["train"] = time.time()
-        summary.update(status=result.status, error=None, steps_done=result.steps_done, final_loss=result.final_loss)
+        summary.update(status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss)
         leave_world()
         if logger is not None:
             logger.close()

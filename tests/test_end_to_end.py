@@ -35,15 +35,14 @@ def summary(job: Path) -> dict:
     return json.loads((job / "summary.json").read_text())
 
 
+SWEEP_ARGS = ["-m", "reduction=sum,local,detached", "world_size=2", f"train.steps={STEPS}"]
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     sweep_dir = root / "sweep"
-    done = run_runner(
-        ["-m", "reduction=sum,local,detached", "world_size=2", f"train.steps={STEPS}", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=root,
-        WANDB_API_KEY=SECRET,
-    )
+    done = run_runner([*SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root, WANDB_API_KEY=SECRET)
     assert done.returncode == 0, done.stdout + done.stderr
     jobs = {summary(job)["reduction"]: job for job in sorted(sweep_dir.iterdir()) if job.is_dir()}
     return sweep_dir, jobs, done.stdout + done.stderr
@@ -131,6 +130,15 @@ def test_api_key_never_lands_in_a_file(sweep):
             assert SECRET.encode() not in path.read_bytes(), path
 
 
+def test_rerun_into_the_same_sweep_keeps_completed_jobs(sweep):
+    sweep_dir, jobs, _ = sweep
+    before = {mode: (job / "metrics.jsonl").read_bytes() for mode, job in jobs.items()}
+    done = run_runner([*SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=sweep_dir.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (done.stdout + done.stderr).count("skipped, completed earlier") == 3
+    assert {mode: (job / "metrics.jsonl").read_bytes() for mode, job in jobs.items()} == before
+
+
 def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("\n\n".join(f"Paragraph number {i} of a small corpus." for i in range(50)))
@@ -177,6 +185,17 @@ def test_a_job_past_its_timeout_is_stopped_and_recorded(tmp_path):
     info = summary(tmp_path / "run")
     assert info["status"] == "failed" and "timed out after timeout_s=6" in info["error"]
     assert len(metrics(tmp_path / "run")) > 0  # what was logged before the stop is kept
+
+
+def test_divergence_is_detected_and_recorded(tmp_path):
+    done = run_runner(
+        ["optim=sgd", "optim.lr=1e5", "train.steps=50", "wandb.mode=disabled", "hydra.run.dir=run"], cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    info, records = summary(tmp_path / "run"), metrics(tmp_path / "run")
+    assert info["status"] == "diverged" and "not finite at step" in info["error"]
+    assert info["steps_done"] == len(records) < 50
+    assert records[-1]["loss"] is None or records[-1]["grad_norm"] is None  # written as JSON null
 
 
 def test_joins_a_torchrun_world_instead_of_spawning(tmp_path):
