@@ -180,10 +180,10 @@ def test_sweep_with_no_valid_job_stops_before_launching(tmp_path):
 
 
 def test_a_job_past_its_timeout_is_stopped_and_recorded(tmp_path):
-    done = run_runner(["train.steps=100000", "timeout_s=6", "wandb.mode=disabled", "hydra.run.dir=run"], cwd=tmp_path)
+    done = run_runner(["train.steps=100000", "timeout_s=8", "wandb.mode=disabled", "hydra.run.dir=run"], cwd=tmp_path)
     assert done.returncode == 0
     info = summary(tmp_path / "run")
-    assert info["status"] == "failed" and "timed out after timeout_s=6" in info["error"]
+    assert info["status"] == "failed" and "timed out after timeout_s=8" in info["error"]
     assert len(metrics(tmp_path / "run")) > 0  # what was logged before the stop is kept
 
 
