@@ -57,6 +57,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    tie_embeddings: bool = False  # the output head reuses the token embedding (GPT-2 style)
 
 
 @dataclass

@@ -95,6 +95,8 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, ffn_hidden) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
         # Set by the sequence-parallel wrapper; plain causal attention otherwise.
         self.attention: AttentionFn = causal_attention
 
