@@ -34,10 +34,6 @@ class RankEnv:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def spawned_here(self) -> bool:
-        return self.init_method.startswith("file://")
-
 
 def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv | None:
     """This process's place in a distributed world, or None outside one."""

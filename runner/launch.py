@@ -79,7 +79,7 @@ def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0) -> None:
 
 
 def run_world(
-    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, echo_rank0: bool = True
+    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float
 ) -> WorldOutcome:
     """Run `python -m runner.worker JOB_DIR *worker_args` as ranks 0..world_size-1 and wait."""
     logs = job_dir / "logs"
@@ -99,7 +99,7 @@ def run_world(
             )
             log_file = open(logs / f"rank{rank}.log", "wb")
             log_files.append(log_file)
-            echo = echo_rank0 and rank == 0
+            echo = rank == 0
             command = [sys.executable, "-m", "runner.worker", str(job_dir), *worker_args, "--spawned-at", spawned_at]
             processes.append(
                 subprocess.Popen(

@@ -34,10 +34,6 @@ class ParallelLayout:
     def dp(self) -> int:
         return self.world_size // self.sp
 
-    @property
-    def sp_enabled(self) -> bool:
-        return self.sp > 1
-
     def __str__(self) -> str:
         return f"DP({self.dp})-SP({self.sp})-GA({self.grad_accum})"
 

@@ -55,7 +55,6 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
         "sp": layout.sp,
         "grad_accum": cfg.grad_accum,
         "layout": str(layout),
-        "versions": versions(),
         "wall_s": {"launch": None if job.spawned_at is None else round(process_started - job.spawned_at, 3)},
     }
     logger = None
@@ -92,7 +91,7 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
             summary["wall_s"][phase] = round(marks[phase] - marks[previous], 3)
             previous = phase
     if env.is_main:
-        update_summary(job_dir, **summary)
+        update_summary(job_dir, versions=versions(), **summary)
     return code
 
 
