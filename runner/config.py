@@ -139,8 +139,13 @@ def run_config_from(cfg: DictConfig) -> DictConfig:
     return OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
 
 
+def run_config_yaml(cfg: DictConfig) -> str:
+    """The text of a job's config.yaml."""
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
 def save_run_config(cfg: DictConfig, path: Path) -> None:
-    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    path.write_text(run_config_yaml(cfg))
 
 
 def load_run_config(path: Path) -> DictConfig:

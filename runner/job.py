@@ -17,9 +17,9 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from runner.config import run_config_from, save_run_config
+from runner.config import run_config_from, run_config_yaml, save_run_config
 from runner.distributed import rank_env
 from runner.launch import log_tail, run_world
 from runner.layout import ParallelLayout
@@ -44,7 +44,7 @@ def _already_completed(job_dir: Path, cfg: DictConfig) -> bool:
         summary is not None
         and summary.get("status") == "completed"
         and config_file.exists()
-        and config_file.read_text() == OmegaConf.to_yaml(cfg, resolve=True)
+        and config_file.read_text() == run_config_yaml(cfg)
     )
 
 
@@ -72,10 +72,10 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
         log.info(f"{tag} {job.name}: skipped, completed earlier in {job_dir}")
         return {"status": "completed"}
 
+    save_run_config(cfg, job_dir / "config.yaml")  # kept whatever happens next, invalid and skipped jobs too
     problems = config_problems(cfg)
     if problems:
         error = InvalidConfig(problems)
-        save_run_config(cfg, job_dir / "config.yaml")
         update_summary(job_dir, status="invalid", error=str(error), problems=[f for f, _ in problems], run_name=job.name)
         log.error(f"{tag} {job.name}: {error}")
         if not sweeping:
@@ -88,12 +88,10 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
 
     shortfall = machine_shortfall(cfg, _visible_cuda_devices())
     if shortfall:
-        save_run_config(cfg, job_dir / "config.yaml")
         update_summary(job_dir, status="skipped", error=shortfall, run_name=job.name)
         log.warning(f"{tag} {job.name}: skipped: {shortfall}")
         return {"status": "skipped"}
 
-    save_run_config(cfg, job_dir / "config.yaml")
     _clear_earlier_attempt(job_dir)
     log.info(f"{tag} {job.name}: {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
     outcome = run_world(
@@ -132,8 +130,6 @@ def _join_world(cfg: DictConfig, job_dir: Path, env, job: JobInfo, sweeping: boo
     if env.world_size != cfg.world_size:
         raise SystemExit(f"world_size={cfg.world_size} but the launcher started WORLD_SIZE={env.world_size} ranks")
     started = time.time()
-    if env.is_main:
-        save_run_config(cfg, job_dir / "config.yaml")
     code = run_rank(cfg, job_dir, env, job, started)
     sys.stdout.flush()
     sys.stderr.flush()

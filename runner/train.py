@@ -17,12 +17,12 @@ from omegaconf import DictConfig
 from runner.comm import CollectiveCounter
 from runner.data import GlobalBatches, load_documents, local_micro_batches
 from runner.gradients import GradientSketch, clip_gradients
+from runner.layout import ParallelLayout
 from runner.metrics import MetricLogger, progress_line
 from runner.model import build_model
 from runner.optim import build_optimizer, lr_at, set_lr
 from runner.parallel import Meshes, parallelize
 from runner.reduction import LossReducer, forward_backward
-from runner.layout import ParallelLayout
 
 
 @dataclass
