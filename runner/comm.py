@@ -95,6 +95,7 @@ class CollectiveCounter(TorchDispatchMode):
         self._bytes: dict[str, int] = defaultdict(int)
         self._seconds: dict[str, float] = defaultdict(float)
         self._pending_functional: dict[int, tuple[str, float]] = {}  # storage pointer -> (kind, issue time)
+        self._pending_futures: list[torch.futures.Future] = []  # c10d completions whose seconds may not be added yet
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(issubclass(t, _DESUGARING_SUBCLASSES) for t in types):
@@ -122,7 +123,7 @@ class CollectiveCounter(TorchDispatchMode):
             except RuntimeError:  # e.g. gloo's emulated reduce-scatter: done when the call returns
                 self._add_seconds(kind, time.perf_counter() - issued)
             else:
-                future.then(lambda _: self._add_seconds(kind, time.perf_counter() - issued))
+                self._pending_futures.append(future.then(lambda _: self._add_seconds(kind, time.perf_counter() - issued)))
         else:  # a functional op: completion is its wait_tensor
             tensor = _first_tensor(out)
             if tensor is not None:
@@ -140,7 +141,15 @@ class CollectiveCounter(TorchDispatchMode):
             self._seconds[kind] += seconds
 
     def take(self) -> dict[str, dict[str, float]]:
-        """{kind: {calls, bytes, seconds}} since the last take, sorted by kind; resets the counts."""
+        """{kind: {calls, bytes, seconds}} since the last take, sorted by kind; resets the counts.
+
+        Waits for the completion callbacks of the c10d collectives issued since the
+        last take: a future is marked done before its callbacks run, so without the
+        wait a collective's seconds could land in the next take.
+        """
+        for future in self._pending_futures:
+            future.wait()
+        self._pending_futures.clear()
         with self._lock:
             counts = {
                 kind: {"calls": self._calls[kind], "bytes": self._bytes[kind], "seconds": round(self._seconds[kind], 6)}
