@@ -159,3 +159,16 @@ class CollectiveCounter(TorchDispatchMode):
             self._bytes.clear()
             self._seconds.clear()
         return counts
+
+
+def add_counts(*counts: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per-kind sums of several `take()` results."""
+    total: dict[str, dict[str, float]] = {}
+    for count in counts:
+        for kind, fields in count.items():
+            into = total.setdefault(kind, {"calls": 0, "bytes": 0, "seconds": 0.0})
+            for field, value in fields.items():
+                into[field] += value
+    for fields in total.values():
+        fields["seconds"] = round(fields["seconds"], 6)
+    return dict(sorted(total.items()))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from runner.comm import CollectiveCounter
+from runner.comm import CollectiveCounter, add_counts
 from runner.data import GlobalBatches, load_documents, local_micro_batches
 from runner.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
@@ -63,6 +63,10 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
         with counting:
             step_loss = forward_backward(model, micro_batches, reducer, device)
         backward_done = time.perf_counter()
+        # FSDP2 on one mesh moves parameters and gradients with all-gathers and
+        # reduce-scatters, Ulysses moves activations with all-to-alls: every
+        # all-reduce of forward/backward is the loss's (N and the mode's own).
+        forward_backward_comm = counter.take() if counter is not None else {}
         # Measurement only: outside the counter and the step time.
         grad_sketch = sketch(group) if sketch is not None else None
         optimizer_started = time.perf_counter()
@@ -75,7 +79,8 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
         step_time = (backward_done - started) + (time.perf_counter() - optimizer_started)
 
         tokens += step_loss.valid_tokens
-        comm = counter.take() if counter is not None else {}
+        comm = add_counts(forward_backward_comm, counter.take()) if counter is not None else {}
+        loss_comm = forward_backward_comm.get("all_reduce", {"calls": 0, "bytes": 0, "seconds": 0.0})
         result.steps_done, result.final_loss = step, step_loss.loss
         record = {
             "step": step,
@@ -91,6 +96,7 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
             "step_time_s": step_time,
             "tokens_per_s": step_loss.valid_tokens / step_time,
             "comm": comm,
+            "loss_comm": loss_comm if counter is not None else {},
             "grad_sketch": grad_sketch,
         }
         if logger is not None:

@@ -39,11 +39,13 @@ def start_wandb_run(cfg: DictConfig, job_dir: Path, *, name: str, group: str, ex
 
 
 def wandb_payload(record: dict[str, Any]) -> dict[str, Any]:
-    """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, grad_sketch/<k>."""
-    payload = {key: value for key, value in record.items() if key not in ("comm", "grad_sketch")}
+    """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, loss_comm/<field>, grad_sketch/<k>."""
+    payload = {key: value for key, value in record.items() if key not in ("comm", "loss_comm", "grad_sketch")}
     for kind, counts in record.get("comm", {}).items():
         for field, value in counts.items():
             payload[f"comm/{kind}/{field}"] = value
+    for field, value in record.get("loss_comm", {}).items():
+        payload[f"loss_comm/{field}"] = value
     for index, value in enumerate(record.get("grad_sketch") or []):
         payload[f"grad_sketch/{index}"] = value
     return payload
