@@ -23,9 +23,11 @@ setup:
 		echo "$(SETUP_KEY)" > $(STAMP); \
 	fi
 
+# The sweep, then its analysis (the newest sweep is the one just run).
 run: setup
 	$(PY) -m runner -m $(ARGS)
-	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (make analyze; wandb sync <job>/wandb/offline-run-*)"
+	$(PY) -m analysis
+	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; wandb sync <job>/wandb/offline-run-*)"
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)

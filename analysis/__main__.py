@@ -1,51 +1,84 @@
-"""`python -m analysis [SWEEP_DIR]`: tables of a sweep (default: the newest under multirun/).
+"""`python -m analysis [SWEEP_DIR ...]`: verdicts, invariance, communication cost, plots and a report.
 
-Writes SWEEP_DIR/analysis/runs.parquet (one row per job and step) and
-jobs.csv (one row per job), and prints one line per job.
+With no sweep: the newest under multirun/. Several sweeps are analysed as one
+(e.g. a world_size=1 reference sweep beside an ablation sweep). `--check`
+exits 1 unless every run's verdict is the one its mode should get.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import load_jobs, load_steps, newest_sweep
+from analysis.compare import Tolerances
+from analysis.load import newest_sweep
+from analysis.pipeline import analyze
+from analysis.wandb_log import MODES
+
+PRINTED = ["group_label", "reduction", "status", "verdict_text", "expected", "as_expected", "reason"]
 
 
-def job_table(jobs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per job: first and last loss, first grad norm, and all-reduce calls per step."""
-    if steps.empty:
-        return jobs
-    grouped = steps.sort_values("step").groupby("job")
-    per_job = pd.DataFrame(
-        {
-            "loss_step1": grouped["loss"].first(),
-            "loss_final": grouped["loss"].last(),
-            "grad_norm_step1": grouped["grad_norm"].first(),
-        }
-    )
-    if "comm_all_reduce_calls" in steps:
-        per_job["all_reduce_per_step"] = grouped["comm_all_reduce_calls"].median()
-    return jobs.merge(per_job, left_on="job", right_index=True, how="left")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", nargs="?", type=Path, help="a sweep directory (default: the newest under multirun/)")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = Tolerances()
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+    parser.add_argument("sweeps", nargs="*", type=Path, help="sweep directories (default: the newest under multirun/)")
+    parser.add_argument("--out", type=Path, help="output folder (default: SWEEP/analysis; with several sweeps, FIRST/analysis-combined)")
+    parser.add_argument("--check", action="store_true", help="exit 1 unless every verdict is the expected one for its mode")
+    parser.add_argument("--wandb", choices=MODES, default="auto", help="W&B run of the analysis (auto: as the sweep's runs)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--loss-rtol", type=float, default=defaults.loss_rtol, help="relative loss difference of matching curves")
+    parser.add_argument("--cos-tol", type=float, default=defaults.cos_tol, help="1 - cosine up to which directions are the same")
+    parser.add_argument("--scale-rtol", type=float, default=defaults.scale_rtol, help="|k - 1| up to which the scale is the same")
     args = parser.parse_args(argv)
-    sweep = args.sweep or newest_sweep()
-    out = sweep / "analysis"
-    out.mkdir(exist_ok=True)
-    jobs, steps = load_jobs(sweep), load_steps(sweep)
-    steps.to_parquet(out / "runs.parquet", index=False)
-    table = job_table(jobs, steps)
-    table.to_csv(out / "jobs.csv", index=False)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(table.drop(columns=["error"]).to_string(index=False))
-    print(f"\nwrote {out}/runs.parquet and jobs.csv")
+    for sweep in args.sweeps:
+        if not sweep.is_dir():
+            parser.error(f"sweep directory {sweep} does not exist")
+    for name in ("loss_rtol", "cos_tol", "scale_rtol"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        sweeps = args.sweeps or [newest_sweep()]
+    except FileNotFoundError as error:
+        print(f"analysis: {error}", file=sys.stderr)
+        return 2
+    out = args.out or sweeps[0] / ("analysis" if len(sweeps) == 1 else "analysis-combined")
+    tol = Tolerances(loss_rtol=args.loss_rtol, cos_tol=args.cos_tol, scale_rtol=args.scale_rtol)
+    try:
+        result = analyze(sweeps, out, tol, make_plots=not args.no_plots, wandb_mode=args.wandb)
+    except FileNotFoundError as error:
+        print(f"analysis: {error}", file=sys.stderr)
+        return 2
+
+    table = result.verdicts.sort_values(["group_label", "reduction"])
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
+        print(table[PRINTED].to_string(index=False))
+    print()
+    print(result.answer)
+    print(f"wrote {out}/: report.md, verdicts.csv, invariance.csv, comm.csv, runs.parquet and plots")
+    if result.wandb_dir is not None:
+        print(f"W&B analysis run: {result.wandb_dir}  (wandb sync {result.wandb_dir})")
+    if not args.check:
+        return 0
+    offending = table[table["as_expected"].eq(False)]
+    not_run = table[table["as_expected"].isna()]
+    if len(not_run):
+        print(f"check: {len(not_run)} job(s) never ran (invalid or skipped); not judged")
+    if offending.empty:
+        print(f"check: all {table['as_expected'].notna().sum()} verdicts are as expected")
+        return 0
+    print(f"check FAILED: {len(offending)} verdict(s) differ from what their mode should give:")
+    with pd.option_context("display.width", 250, "display.max_colwidth", 90):
+        print(offending[["run", "verdict_text", "expected", "reason"]].to_string(index=False))
+    return 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

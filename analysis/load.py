@@ -1,14 +1,41 @@
-"""Load the job directories of a sweep (config.yaml, summary.json, metrics.jsonl) into DataFrames."""
+"""Load the job directories of one or more sweeps into two tidy DataFrames.
+
+- `runs`: one row per job directory (whatever became of it): `run` (its id,
+  `<sweep>/<job>`), `sweep`, `job`, `status`, `error`, `steps_done`,
+  `steps_logged`, `diverged_at`, `device`, `backend`, then the whole resolved
+  config flattened to dotted columns (`reduction`, `world_size`, `optim.lr`...).
+- `steps`: one row per (run, logged step): the metrics.jsonl records, with
+  `comm` flattened to `comm_<kind>_<field>` (plus `comm_total_<field>` over
+  kinds), `loss_comm` to `loss_comm_<field>` and `grad_sketch` to
+  `sketch_0..sketch_{K-1}`.
+
+A job without summary.json is `unfinished` (still running, or its process died
+before writing one); a job without metrics.jsonl has no steps. Nothing here raises on a broken
+job: what can be read is kept and the rest is reported.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+import yaml
 
-JOB_COLUMNS = ["job", "status", "reduction", "world_size", "sp", "grad_accum", "seed", "optim", "steps_done", "error"]
+RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device", "backend"]
+
+
+@dataclass
+class Sweeps:
+    runs: pd.DataFrame
+    steps: pd.DataFrame
 
 
 def newest_sweep(root: Path = Path("multirun")) -> Path:
@@ -22,41 +49,138 @@ def job_dirs(sweep: Path) -> list[Path]:
     return sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists())
 
 
-def load_jobs(sweep: Path) -> pd.DataFrame:
-    """One row per job: its sweep axes and how it ended."""
-    rows = []
-    for job in job_dirs(sweep):
-        cfg = OmegaConf.load(job / "config.yaml")
-        summary_file = job / "summary.json"
-        summary = json.loads(summary_file.read_text()) if summary_file.exists() else {"status": "failed", "error": "no summary.json"}
-        error = summary.get("error") or ""
-        rows.append(
-            {
-                "job": job.name,
-                "status": summary.get("status"),
-                "reduction": cfg.reduction,
-                "world_size": cfg.world_size,
-                "sp": cfg.sp,
-                "grad_accum": cfg.grad_accum,
-                "seed": cfg.seed,
-                "optim": cfg.optim.name,
-                "steps_done": summary.get("steps_done", 0),
-                "error": error.splitlines()[0] if error else "",
-            }
-        )
-    return pd.DataFrame(rows, columns=JOB_COLUMNS)
+def _flatten(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
-def load_steps(sweep: Path) -> pd.DataFrame:
-    """One row per (job, step): the metrics.jsonl records, `comm` flattened to comm_<kind>_<field>."""
-    frames = []
-    for job in job_dirs(sweep):
-        metrics = job / "metrics.jsonl"
-        if not metrics.exists() or metrics.stat().st_size == 0:
-            continue
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        frame = pd.json_normalize(records, sep="_").drop(columns=["grad_sketch"], errors="ignore")
-        frame["grad_sketch"] = [r.get("grad_sketch") for r in records]
-        frame.insert(0, "job", job.name)
-        frames.append(frame)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["job", "step"])
+def _read_summary(job: Path) -> dict:
+    try:
+        return json.loads((job / "summary.json").read_text())
+    except FileNotFoundError:
+        return {"status": "unfinished", "error": "no summary.json: still running, or its process died before writing one"}
+    except json.JSONDecodeError as error:
+        return {"status": "failed", "error": f"summary.json is not JSON: {error}"}
+
+
+def _run_row(sweep: Path, job: Path) -> dict:
+    summary = _read_summary(job)
+    error = summary.get("error") or ""
+    row = {
+        "run": f"{sweep.name}/{job.name}",
+        "sweep": sweep.name,
+        "job": job.name,
+        "status": summary.get("status", "unfinished"),
+        "error": error.strip().splitlines()[-1] if error.strip() else "",
+        "steps_done": summary.get("steps_done", 0),
+        "device": summary.get("device"),
+        "backend": summary.get("backend"),
+    }
+    # The C loader when PyYAML has it: OmegaConf.load is ~10x slower per file.
+    config = yaml.load((job / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    row.update(_flatten(config))
+    return row
+
+
+def _read_metrics(path: Path, run: str) -> pa.Table | None:
+    """metrics.jsonl as a flat Arrow table (nested fields joined by `_`) with a `run` column;
+    None when the file is missing, empty or unreadable."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        table = pa_json.read_json(path, read_options=pa_json.ReadOptions(use_threads=False))
+    except pa.ArrowInvalid:  # NaN inside a list, or a last line cut short by a killed rank: keep the whole lines
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        if not records:
+            return None
+        table = pa.Table.from_pylist(records)
+    table = table.flatten().flatten()
+    table = table.rename_columns([c.replace(".", "_") for c in table.column_names])
+    return table.append_column("run", pa.array([run] * len(table), pa.string()))
+
+
+def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
+    """grad_sketch lists as a [step, k] float array (NaN where missing); None when no step has one."""
+    column = column.combine_chunks()
+    if column.null_count == len(column) or not pa.types.is_list(column.type):
+        return None
+    lengths = pc.list_value_length(column)
+    width = pc.max(lengths).as_py()
+    if column.null_count == 0 and pc.min(lengths).as_py() == width:  # the usual case: one C call
+        return column.flatten().to_numpy(zero_copy_only=False).astype(float).reshape(-1, width)
+    rows = column.to_pylist()
+    return np.array([r + [None] * (width - len(r)) if r is not None else [None] * width for r in rows], dtype=float)
+
+
+def _steps_frame(tables: list[pa.Table]) -> pd.DataFrame:
+    """All runs' steps in one DataFrame: concatenated in Arrow (missing columns become null), converted once."""
+    if not tables:
+        return pd.DataFrame({"run": pd.Series(dtype=str), "step": pd.Series(dtype=float)})
+    table = pa.concat_tables(tables, promote_options="permissive")
+    # The run id repeats on every step: a dictionary (a pandas categorical), not a million strings.
+    table = table.set_column(table.column_names.index("run"), "run", pc.dictionary_encode(table.column("run")))
+    sketch = _sketch_matrix(table.column("grad_sketch")) if "grad_sketch" in table.column_names else None
+    if "grad_sketch" in table.column_names:
+        table = table.drop_columns(["grad_sketch"])
+    steps = table.to_pandas()
+    steps = steps[["run"] + [c for c in steps.columns if c != "run"]]
+    if sketch is not None:
+        steps = pd.concat([steps, pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])])], axis=1)
+    for field in ("calls", "bytes", "seconds"):
+        kinds = [c for c in steps.columns if c.startswith("comm_") and c.endswith(f"_{field}")]
+        if kinds:
+            steps[f"comm_total_{field}"] = steps[kinds].fillna(0).sum(axis=1)
+    return steps
+
+
+def _load_job(sweep: Path, job: Path) -> tuple[dict, pa.Table | None]:
+    row = _run_row(sweep, job)
+    return row, _read_metrics(job / "metrics.jsonl", row["run"])
+
+
+def load_sweeps(sweeps: list[Path]) -> Sweeps:
+    jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
+    if not jobs:
+        raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
+    # Arrow parses JSON without the GIL: one thread per core reads files side by side.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        loaded = list(pool.map(lambda args: _load_job(*args), jobs))
+    runs = pd.DataFrame([row for row, _ in loaded])
+    steps = _steps_frame([table for _, table in loaded if table is not None])
+
+    # The runs' order is the categories' order: a step's run is runs.iloc[steps.run.cat.codes].
+    steps["run"] = pd.Categorical(steps["run"].astype(str) if steps["run"].dtype != "category" else steps["run"],
+                                  categories=runs["run"].tolist())
+    logged = steps.groupby("run", observed=True).size()
+    not_finite = ~np.isfinite(steps["loss"].astype(float)) | ~np.isfinite(steps["grad_norm"].astype(float))
+    first_bad = steps.loc[not_finite].groupby("run", observed=True)["step"].min()
+    runs["steps_logged"] = runs["run"].map(logged).fillna(0).astype(int)
+    runs["diverged_at"] = runs["run"].map(first_bad).astype(float)
+    runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
+    return Sweeps(runs=runs, steps=steps)
+
+
+def tidy(sweeps: Sweeps) -> pa.Table:
+    """The runs.parquet table: every step with its run's config and status; runs without steps keep one row.
+
+    Built in Arrow: each run's columns are gathered per step by index (`take`), with
+    strings dictionary-encoded, so a million steps cost a few C calls.
+    """
+    runs = pa.Table.from_pandas(sweeps.runs.astype({c: str for c in sweeps.runs.columns if sweeps.runs[c].dtype == object}), preserve_index=False)
+    runs = pa.table({name: pc.dictionary_encode(col) if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col
+                     for name, col in zip(runs.column_names, runs.columns)})
+    steps = pa.Table.from_pandas(sweeps.steps.drop(columns=["run", "sp"], errors="ignore"), preserve_index=False)
+    per_step = runs.take(pa.array(sweeps.steps["run"].cat.codes.to_numpy()))
+    joined = pa.Table.from_arrays([*per_step.columns, *steps.columns], names=[*per_step.column_names, *steps.column_names])
+    without_steps = runs.filter(pc.equal(runs.column("steps_logged"), 0))
+    return pa.concat_tables([joined, without_steps], promote_options="permissive")

@@ -1,4 +1,4 @@
-"""`python -m bench`: step time of each reduction mode, and what counting collectives costs.
+"""`python -m bench step_time`: step time of each reduction mode, and what counting collectives costs.
 
 Runs real sweeps through `python -m runner` (W=2, grad_accum=2, tiny model,
 W&B off), once with the collective counter and once without, then compares
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import load_jobs, load_steps
+from analysis.load import load_sweeps
 
 MODES = "sum,local,detached,fsdp_sum,scaled,mean_of_means"
 WARMUP_STEPS = 5  # the first steps pay for allocator and thread-pool warm-up
@@ -30,18 +30,19 @@ def sweep(out: Path, steps: int, count_comm: bool) -> pd.DataFrame:
         f"hydra.sweep.dir={out}",
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
-    jobs, steps_frame = load_jobs(out), load_steps(out)
-    if (jobs.status != "completed").any():
-        raise RuntimeError(f"a benchmark job did not complete:\n{jobs[['job', 'status', 'error']]}")
-    timed = steps_frame[steps_frame.step > WARMUP_STEPS].merge(jobs[["job", "reduction"]], on="job")
-    return timed
+    loaded = load_sweeps([out])
+    runs = loaded.runs
+    if (runs.status != "completed").any():
+        raise RuntimeError(f"a benchmark job did not complete:\n{runs[['job', 'status', 'error']]}")
+    return loaded.steps[loaded.steps.step > WARMUP_STEPS].merge(runs[["run", "reduction"]], on="run")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results.md")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         counted = sweep(Path(tmp) / "counted", args.steps, count_comm=True)
         plain = sweep(Path(tmp) / "plain", args.steps, count_comm=False)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ).loc[MODES.split(",")]
     table.insert(1, "vs local (counter off)", table["step_ms (counter off)"] / table.loc["local", "step_ms (counter off)"])
     table.insert(3, "counter overhead", table["step_ms (counter on)"] / table["step_ms (counter off)"])
-    command = f"python -m bench --steps {args.steps}"
+    command = f"python -m bench step_time --steps {args.steps}"
     text = "\n".join(
         [
             "# Benchmark: step time per reduction mode, and the collective counter's cost",
@@ -74,7 +75,3 @@ def main(argv: list[str] | None = None) -> None:
     )
     args.out.write_text(text)
     print(text)
-
-
-if __name__ == "__main__":
-    main()

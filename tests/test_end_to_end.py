@@ -6,6 +6,7 @@ tests cover a failed job amid good ones, invalid input, timeouts and torchrun.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -84,6 +85,12 @@ def test_communication_differs_by_the_modes_loss_collectives(sweep):
     # sum: forward + backward per micro-batch; detached: one per micro-batch; local: one per step.
     assert all_reduces["sum"] - all_reduces["local"] == 2 * GRAD_ACCUM - 1
     assert all_reduces["detached"] - all_reduces["local"] == GRAD_ACCUM - 1
+    # loss_comm: the all-reduces of forward/backward: N, plus the mode's own loss collectives
+    # (sum: 2 per micro-batch; detached: 1 per micro-batch; local: 1 per step, for logging).
+    loss_calls = {mode: metrics(job)[-1]["loss_comm"]["calls"] for mode, job in jobs.items()}
+    assert loss_calls == {"sum": 1 + 2 * GRAD_ACCUM, "local": 1 + 1, "detached": 1 + GRAD_ACCUM}
+    for mode in jobs:  # the rest (grad norm, in the optimizer phase) is the same for every mode
+        assert all_reduces[mode] - loss_calls[mode] == all_reduces["local"] - loss_calls["local"] > 0
     for kind in ("all_gather", "reduce_scatter"):  # FSDP's own traffic does not depend on the mode
         assert calls["sum"][kind]["calls"] == calls["local"][kind]["calls"] > 0
         assert calls["sum"][kind]["bytes"] == calls["local"][kind]["bytes"] > 0
@@ -212,3 +219,29 @@ def test_joins_a_torchrun_world_instead_of_spawning(tmp_path):
     assert info["status"] == "completed" and info["steps_done"] == 3
     assert info["wall_s"]["launch"] is None  # torchrun launched it, not us
     assert not (tmp_path / "run" / "logs").exists()  # nothing was spawned
+
+
+def test_analysis_of_a_real_sweep_passes_check_and_catches_a_corrupted_run(sweep, tmp_path):
+    sweep_dir, _, _ = sweep
+    copy = shutil.copytree(sweep_dir, tmp_path / "sweep", ignore=shutil.ignore_patterns("wandb", "analysis"))
+    analyze = [sys.executable, "-m", "analysis", str(copy), "--check"]
+    done = subprocess.run(analyze, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "check: all 3 verdicts are as expected" in done.stdout
+    verdicts = {row["reduction"]: row for row in csv.DictReader((copy / "analysis" / "verdicts.csv").open())}
+    assert verdicts["local"]["verdict_text"] == verdicts["detached"]["verdict_text"] == "rescaled ×1/2"
+    assert float(verdicts["local"]["factor"]) == pytest.approx(0.5, rel=1e-5)
+    comm = {row["reduction"]: row for row in csv.DictReader((copy / "analysis" / "comm.csv").open())}
+    assert float(comm["sum"]["extra_loss_calls_vs_local"]) == 2 * GRAD_ACCUM - 1
+    # The runs logged to offline W&B, so the analysis does too, into its own run of the sweep's group.
+    assert len(list((copy / "analysis" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+
+    # A local run whose gradient sketch claims the full gradient no longer passes as 1/W.
+    local = next(job for job in copy.iterdir() if "reduction=local" in job.name)
+    records = metrics(local)
+    for record in records:
+        record["grad_sketch"] = [2 * value for value in record["grad_sketch"]]
+    (local / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    done = subprocess.run([*analyze, "--wandb", "disabled"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "check FAILED: 1 verdict(s)" in done.stdout and "reduction=local" in done.stdout.split("check FAILED")[1]

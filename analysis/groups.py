@@ -1,0 +1,75 @@
+"""Which runs are compared with which.
+
+- A comparison group: runs whose configs are identical except `reduction`
+  (and keys that cannot change the trajectory, `NOT_EXPERIMENT`). Its
+  reference is its `sum` run.
+- A family: runs identical except the reduction and the parallel layout
+  (`world_size`, `sp`, `grad_accum`). The global batch of every step is the
+  same for all of them (DESIGN.md section 4), so a completed `world_size=1`
+  `sum` run of the family (the smallest grad_accum) is the ground truth for
+  every layout: where one exists it is every run's baseline, else the group's
+  `sum` run is.
+
+`train.steps` is outside both keys: runs of different lengths compare over
+the steps they share (the learning-rate schedule does not depend on it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+LAYOUT = ["world_size", "sp", "grad_accum"]
+# Keys that do not change a run's trajectory: how long, how often it prints,
+# where and whether it logs, the kill timeout, whether collectives are counted.
+NOT_EXPERIMENT = ("train.steps", "train.log_every", "timeout_s", "metrics.count_comm", "wandb.")
+RUN_FIELDS = ("run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device", "backend")
+
+
+def config_columns(runs: pd.DataFrame) -> list[str]:
+    return [c for c in runs.columns if c not in RUN_FIELDS and not c.startswith(NOT_EXPERIMENT)]
+
+
+def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """A readable id per distinct value combination of `columns` (g1, g2, ... in order of appearance)."""
+    if not columns:
+        return pd.Series("g1", index=runs.index)
+    codes = runs[columns].astype(str).groupby(columns, sort=False, dropna=False).ngroup()
+    return codes.map(lambda code: f"g{code + 1}")
+
+
+def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with `group`, `family`, `group_label` and `baseline` (the run id compared against, or NaN)."""
+    runs = runs.copy()
+    config = config_columns(runs)
+    # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
+    swept = [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]
+    runs["group"] = _key(runs, [c for c in config if c != "reduction"])
+    runs["family"] = _key(runs, [c for c in config if c != "reduction" and c not in LAYOUT]).str.replace("g", "f", n=1)
+    runs["layout"] = (
+        "DP(" + (runs["world_size"] // runs["sp"]).astype(str) + ")-SP(" + runs["sp"].astype(str)
+        + ")-GA(" + runs["grad_accum"].astype(str) + ")"
+    )
+    runs["group_label"] = runs["layout"]
+    for column in swept:
+        runs["group_label"] += " " + column + "=" + runs[column].astype(str)
+    completed_sum = runs[(runs["status"] == "completed") & (runs["reduction"] == "sum")]
+    group_reference = completed_sum.drop_duplicates("group").set_index("group")["run"]
+    ground_truth = (
+        completed_sum[completed_sum["world_size"] == 1]
+        .sort_values(["grad_accum", "sp"])
+        .drop_duplicates("family")
+        .set_index("family")["run"]
+    )
+    from_family = runs["family"].map(ground_truth).astype(object)
+    runs["baseline"] = from_family.where(from_family.notna(), runs["group"].map(group_reference).astype(object))
+    runs["baseline_kind"] = np.where(
+        runs["family"].isin(ground_truth.index), "world_size=1 sum", np.where(runs["baseline"].notna(), "group sum", "none")
+    )
+    return runs
+
+
+def varying_columns(runs: pd.DataFrame) -> list[str]:
+    """Config columns that take more than one value across the runs (what a sweep swept)."""
+    config = config_columns(runs)
+    return [c for c in config if runs[c].astype(str).nunique() > 1]

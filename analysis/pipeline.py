@@ -1,0 +1,105 @@
+"""The analysis of one or more sweeps, start to end: load, compare, tabulate, plot, report, log.
+
+Writes into `out`: runs.parquet (every step with its run's config and status),
+verdicts.csv (one row per run: its baseline, the measures, the verdict and the
+expected one), invariance.csv, comm.csv, report.md and the PNG plots.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from analysis import plots
+from analysis.comm import comm_table
+from analysis.compare import Tolerances, measure, verdicts
+from analysis.expected import expected_verdicts
+from analysis.groups import assign_groups
+from analysis.invariance import invariance, invariance_summary
+from analysis.load import load_sweeps, tidy
+from analysis.report import opening, write_report
+from analysis.wandb_log import log_analysis, resolve_mode
+
+VERDICT_ID_COLUMNS = [
+    "run", "sweep", "job", "group", "group_label", "family", "layout", "reduction", "world_size", "sp", "grad_accum",
+    "status", "diverged_at", "baseline", "baseline_kind",
+]
+
+
+@dataclass
+class Analysis:
+    out: Path
+    runs: pd.DataFrame
+    verdicts: pd.DataFrame
+    invariance: pd.DataFrame
+    comm: pd.DataFrame
+    answer: str
+    report: Path
+    wandb_dir: Path | None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+
+class _Clock:
+    """Seconds per phase: `clock("load")` closes the phase that ran since the last call."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = now - self._last
+        self._last = now
+
+
+def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, make_plots: bool = True, wandb_mode: str = "auto") -> Analysis:
+    clock = _Clock()
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = load_sweeps(sweeps)
+    runs = assign_groups(loaded.runs).reset_index(drop=True)
+    clock("load")
+    # Parquet encoding runs in C without the GIL: write runs.parquet while the rest is computed.
+    writer = ThreadPoolExecutor(max_workers=1)
+    parquet_written = writer.submit(pq.write_table, tidy(loaded), out / "runs.parquet")
+    clock("runs.parquet (table)")
+
+    measures, curves = measure(runs, loaded.steps, tol)
+    judged = verdicts(runs, measures, tol)
+    table = pd.concat([runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol)], axis=1)
+    clip_by_run = measures["clip_active_frac"].set_axis(runs["run"])
+    table.insert(table.columns.get_loc("clip_active_frac") + 1, "baseline_clip_frac", runs["baseline"].map(clip_by_run))
+    table.to_csv(out / "verdicts.csv", index=False)
+    clock("measures and verdicts")
+
+    layout_table = invariance(runs, curves["loss"], curves["logged"], tol)
+    layout_summary = invariance_summary(layout_table)
+    layout_table.to_csv(out / "invariance.csv", index=False)
+    comm = comm_table(runs, loaded.steps)
+    comm.to_csv(out / "comm.csv", index=False)
+    clock("invariance and communication")
+
+    pngs = []
+    if make_plots and curves["logged"].any():
+        pngs.append(plots.loss_curves(runs, curves["loss"], out))
+        pngs.append(plots.loss_difference(runs, curves["loss_diff"], out))
+        if "sketch_scale" in curves:
+            pngs.append(plots.gradient_scale(runs, curves["sketch_scale"], out))
+            pngs.append(plots.gradient_direction(runs, curves["sketch_cos"], out))
+        if comm["overhead_vs_local"].notna().any():
+            pngs.append(plots.comm_overhead(comm, out))
+    clock("plots")
+    answer = opening(runs, table, comm, layout_summary)
+    report = write_report(out, sweeps, runs, table, comm, layout_table, layout_summary, pngs, tol)
+    clock("report")
+    tables = {"verdicts": table, "invariance": layout_table, "comm": comm}
+    wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
+    clock("W&B")
+    parquet_written.result()
+    writer.shutdown()
+    clock("runs.parquet (rest of the write)")
+    return Analysis(out, runs, table, layout_table, comm, answer, report, wandb_dir, clock.timings)

@@ -1,0 +1,114 @@
+"""PNG plots of a sweep's analysis (matplotlib, no display needed).
+
+- loss_curves.png: the loss of every mode per comparison group, baseline dashed
+- loss_difference.png: each run's loss minus its baseline's, per step
+- gradient_scale.png / gradient_direction.png: sketch scale k and cosine
+  against the baseline per step (k = 1/W is a flat line for local/detached)
+- comm_overhead.png: loss all-reduces per step and step time against `local`
+
+One panel per comparison group, at most MAX_GROUPS of them (the report says
+when groups were left out).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+MAX_GROUPS = 16
+MODES = ["sum", "fsdp_sum", "scaled", "local", "detached", "mean_of_means"]
+COLORS = dict(zip(MODES, ["#000000", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#9467bd"]))
+
+
+def plotted_groups(runs: pd.DataFrame) -> list[str]:
+    order = runs.drop_duplicates("group").sort_values(["group_label", "group"])
+    return order["group"].tolist()[:MAX_GROUPS]
+
+
+def _panels(count: int, title: str):
+    cols = min(count, 4)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharex=True)
+    fig.suptitle(title)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)[:count]
+
+
+def _per_group(runs: pd.DataFrame, values: np.ndarray, path: Path, title: str, ylabel: str) -> Path:
+    groups = plotted_groups(runs)
+    fig, axes = _panels(len(groups), title)
+    steps = np.arange(1, values.shape[1] + 1)
+    for ax, group in zip(axes, groups):
+        members = runs[runs["group"] == group]
+        for row, run in members.iterrows():
+            position = runs.index.get_loc(row)
+            style = "--" if run["run"] == run["baseline"] else "-"
+            ax.plot(steps, values[position], style, color=COLORS.get(run["reduction"], "grey"), lw=1.2, label=run["reduction"])
+        ax.set_title(members["group_label"].iloc[0], fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), frameon=False)
+    # A fixed geometry: tight_layout would draw every panel once more just to measure it.
+    rows = math.ceil(len(groups) / 4)
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.1 + 0.1 / rows, top=1 - 0.12 / rows, wspace=0.3, hspace=0.45)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def loss_curves(runs: pd.DataFrame, loss: np.ndarray, out: Path) -> Path:
+    return _per_group(runs, loss, out / "loss_curves.png", "Loss per comparison group (dashed: baseline)", "loss")
+
+
+def loss_difference(runs: pd.DataFrame, difference: np.ndarray, out: Path) -> Path:
+    return _per_group(runs, difference, out / "loss_difference.png", "Loss minus the baseline's loss", "Δ loss")
+
+
+def gradient_scale(runs: pd.DataFrame, scale: np.ndarray, out: Path) -> Path:
+    # Step 1 is the clean factor (same parameters); later steps compare gradients
+    # at parameters that have drifted apart unless the runs are equivalent.
+    return _per_group(runs, scale, out / "gradient_scale.png", "Gradient scale k against the baseline (sketch)", "k")
+
+
+def gradient_direction(runs: pd.DataFrame, cos: np.ndarray, out: Path) -> Path:
+    return _per_group(runs, cos, out / "gradient_direction.png", "Gradient direction: cosine with the baseline", "cosine")
+
+
+def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
+    table = comm[comm["group"].isin(plotted_groups(comm))].sort_values(["group_label", "reduction"])
+    labels = table["group_label"].drop_duplicates().tolist()
+    modes = [m for m in MODES if m in set(table["reduction"])]
+    width = 0.8 / max(len(modes), 1)
+    fig, (calls_ax, time_ax) = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(labels) + 2), 7), sharex=True)
+    x = np.arange(len(labels))
+    for i, mode in enumerate(modes):
+        one = table[table["reduction"] == mode].set_index("group_label").reindex(labels)
+        offset = x + (i - (len(modes) - 1) / 2) * width
+        calls_ax.bar(offset, one["loss_all_reduce_calls"], width, color=COLORS[mode], label=mode)
+        error = np.abs(one[["overhead_ci_low", "overhead_ci_high"]].to_numpy().T - one["overhead_vs_local"].to_numpy())
+        time_ax.bar(offset, one["overhead_vs_local"], width, yerr=error, color=COLORS[mode], capsize=2)
+    if table["loss_all_reduce_calls"].isna().all():
+        calls_ax.text(0.5, 0.5, "not recorded (runs without loss_comm)", ha="center", va="center", transform=calls_ax.transAxes)
+    calls_ax.set_ylabel("loss all-reduces / step")
+    calls_ax.legend(ncol=len(modes), fontsize=8, frameon=False)
+    time_ax.axhline(1.0, color="grey", lw=0.8)
+    time_ax.set_ylabel("step time / local's (95% CI)")
+    time_ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
+    for ax in (calls_ax, time_ax):
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Communication cost of each mode")
+    fig.tight_layout()
+    path = out / "comm_overhead.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

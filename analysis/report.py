@@ -1,0 +1,215 @@
+"""report.md: the answer in plain words, generated from the numbers, then the tables and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.compare import Tolerances
+from analysis.expected import NOT_RUN, SAME
+from analysis.plots import MAX_GROUPS, MODES
+
+
+def _range(values: pd.Series, fmt: str) -> str:
+    values = values.dropna()
+    if values.empty:
+        return "n/a"
+    low, high = values.min(), values.max()
+    return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)} to {format(high, fmt)}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
+    """One bullet: what `mode` does to the gradient and the loss curve, with the numbers."""
+    compared = rows[~rows["verdict"].isin(["reference", "no reference"]) & ~rows["status"].isin(NOT_RUN)]
+    if compared.empty:
+        return f"- `{mode}`: the reference of every group it ran in." if (rows["verdict"] == "reference").any() else ""
+    counts = compared["verdict"].value_counts()
+    parts = []
+    same = compared[compared["verdict"].isin(SAME)]
+    if len(same):
+        worlds = ", ".join(f"W={w}" for w in sorted(same["world_size"].unique()))
+        parts.append(
+            f"the baseline's gradient in {len(same)}/{len(compared)} runs ({worlds}; step-1 scale "
+            f"{_range(same['factor'], '.6f')}, max loss difference {_range(same['loss_max_abs_diff'], '.2g')})"
+        )
+    rescaled = compared[compared["verdict"] == "rescaled"]
+    if len(rescaled):
+        by_world = rescaled.groupby("world_size")["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
+        factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
+        is_one_over_w = np.allclose(rescaled["factor"] * rescaled["world_size"], 1, rtol=1e-3)
+        matching = rescaled["loss_matches"].sum()
+        deviating = rescaled[~rescaled["loss_matches"]]
+        if not len(deviating):
+            curve = "its loss curve still matches the baseline's"
+        else:
+            curve = f"its loss curve matches in {matching}/{len(rescaled)}; elsewhere it" if matching else "its loss curve"
+            curve += (
+                f" departs from step {_range(deviating['first_step_beyond'], '.0f')} and ends "
+                f"{_range(deviating['final_loss_diff'], '+.3g')} from the baseline "
+                f"(clipping active in {_range(deviating['baseline_clip_frac'] * 100, '.0f')}% of the baseline's steps, "
+                f"{_range(deviating['clip_active_frac'] * 100, '.0f')}% of its own)"
+            )
+        parts.append(
+            f"the same direction (step-1 cosine {_range(rescaled['sketch_cos_step1'], '.6f')}) scaled by {factors}"
+            + (" (= 1/W)" if is_one_over_w else "")
+            + f" in {len(rescaled)}/{len(compared)} runs; {curve}"
+        )
+    different = compared[compared["verdict"] == "different"]
+    if len(different):
+        parts.append(
+            f"a different gradient in {len(different)}/{len(compared)} runs (step-1 cosine "
+            f"{_range(different['sketch_cos_step1'], '.4f')}, grad-norm ratio {_range(different['grad_norm_ratio_step1'], '.3f')}); "
+            f"its loss departs from step {_range(different['first_step_beyond'], '.0f')}, "
+            f"by up to {different['loss_max_abs_diff'].max():.3g}"
+        )
+    if counts.get("failed", 0):
+        failed = compared[compared["verdict"] == "failed"]
+        parts.append(f"failed in {_count(len(failed), 'run')} ({'; '.join(failed['reason'].head(3))})")
+    return f"- `{mode}`: " + "; ".join(parts) + "."
+
+
+def _conclusion(verdicts: pd.DataFrame) -> str:
+    """The question's answer, stated only when the verdicts carry it."""
+    compared = verdicts[~verdicts["verdict"].isin(["reference", "no reference"]) & ~verdicts["status"].isin(NOT_RUN)]
+    multi = compared[compared["world_size"] > 1]
+
+    def all_are(modes: list[str], test) -> bool:
+        rows = multi[multi["reduction"].isin(modes)]
+        return len(rows) > 0 and bool(test(rows).all())
+
+    without = all_are(["local", "detached"], lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3))
+    alternatives = all_are(["fsdp_sum", "scaled"], lambda r: r["verdict"].isin(SAME))
+    if not without:
+        return ""
+    text = (
+        "So the differentiable all-reduce is needed for the gradient's *scale*, not its direction: "
+        "without it (`local`, `detached`) every gradient is the true one divided by W."
+    )
+    rescaled = multi[multi["reduction"].isin(["local", "detached"])]
+    if rescaled["loss_matches"].all():
+        text += " Here the optimizer hides that scale: their loss curves match the reference's."
+    else:
+        departing = rescaled[~rescaled["loss_matches"]]
+        text += (
+            f" Here it changes training: in {len(departing)}/{len(rescaled)} of their runs the loss curve departs "
+            f"from the reference's (from step {_range(departing['first_step_beyond'], '.0f')})."
+        )
+    if alternatives:
+        text += " `fsdp_sum` and `scaled` recover the true gradient exactly with no per-micro-batch collective."
+    return text
+
+
+def _cost_sentence(comm: pd.DataFrame) -> str:
+    pairs = comm[comm["reduction"].isin(["sum", "detached"]) & comm["overhead_vs_local"].notna()]
+    if pairs.empty:
+        return ""
+    lines = []
+    for mode, rows in pairs.groupby("reduction", sort=False):
+        calls = rows["extra_loss_calls_vs_local"]
+        plural = "" if calls.max() == 1 else "s"
+        calls_text = (
+            f"{_range(calls, '.0f')} more loss all-reduce{plural} per step than `local`"
+            if calls.notna().any() else "loss collectives not recorded"
+        )
+        ratio = rows["overhead_vs_local"]
+        ci = f"[{rows['overhead_ci_low'].min():.2f}, {rows['overhead_ci_high'].max():.2f}]"
+        lines.append(f"`{mode}` issues {calls_text} and takes {_range(ratio, '.2f')}× `local`'s step time (95% CI {ci})")
+    return "Cost: " + "; ".join(lines) + "."
+
+
+def _invariance_sentence(summary: pd.DataFrame) -> str:
+    if summary.empty:
+        return ""
+    invariant = summary[summary["invariant"]]["reduction"].unique().tolist()
+    changing = summary[~summary["invariant"]]
+    parts = []
+    if invariant:
+        parts.append(", ".join(f"`{m}`" for m in invariant) + " give the same loss curve for every layout tried")
+    for axes, rows in changing.groupby("changes_with"):
+        modes = rows["reduction"].unique()
+        verb = "changes" if len(modes) == 1 else "change"
+        parts.append(", ".join(f"`{m}`" for m in modes) + f" {verb} with {axes.replace(', ', ' and ')}")
+    return "Layouts at a fixed global batch: " + "; ".join(parts) + "."
+
+
+def opening(runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance_summary: pd.DataFrame) -> str:
+    """The report's first section: the answer, from the numbers."""
+    ran = runs[~runs["status"].isin(NOT_RUN)]
+    optimizers = ", ".join(
+        sorted({f"{r['optim.name']} (lr {r['optim.lr']:g}, clip {r['optim.clip']:g})" for _, r in ran.iterrows()})
+    )
+    lines = [
+        "## Answer",
+        "",
+        f"{_count(len(runs), 'run')} in {_count(runs['group'].nunique(), 'group')} ({(runs['status'] == 'completed').sum()} completed); "
+        f"optimizer {optimizers or 'n/a'}; layouts {', '.join(sorted(ran['layout'].unique())) or 'n/a'}. "
+        "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`).",
+        "",
+    ]
+    for mode in [m for m in MODES if m in set(verdicts["reduction"])]:
+        sentence = _mode_sentence(mode, verdicts[verdicts["reduction"] == mode])
+        if sentence:
+            lines.append(sentence)
+    for extra in (_conclusion(verdicts), _invariance_sentence(invariance_summary), _cost_sentence(comm)):
+        if extra:
+            lines += ["", extra]
+    return "\n".join(lines) + "\n"
+
+
+def _table(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g") if len(frame) else "(none)"
+
+
+def write_report(
+    out: Path, sweeps: list[Path], runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame,
+    invariance: pd.DataFrame, invariance_summary: pd.DataFrame, plots: list[Path], tol: Tolerances,
+) -> Path:
+    verdict_columns = {
+        "group_label": "group", "reduction": "mode", "verdict_text": "verdict", "expected": "expected",
+        "sketch_cos_step1": "cos@1", "factor": "scale@1", "grad_norm_ratio_median": "|g| ratio (median)",
+        "loss_max_abs_diff": "max |Δloss|", "final_loss_diff": "final Δloss", "first_step_beyond": "departs at",
+        "clip_active_frac": "clipped",
+    }
+    ordered = verdicts.assign(order=verdicts["reduction"].map({m: i for i, m in enumerate(MODES)}))
+    ordered = ordered.sort_values(["group_label", "order"])
+    not_ok = runs[runs["status"] != "completed"]
+    groups = runs["group"].nunique()
+    sections = [
+        f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}",
+        "",
+        opening(runs, verdicts, comm, invariance_summary),
+        "## Verdicts",
+        "",
+        _table(ordered[list(verdict_columns)].rename(columns=verdict_columns)),
+        "",
+        f"Tolerances: loss curves match while |Δloss| <= {tol.loss_rtol:g} × the baseline's loss; "
+        f"the direction is the same while 1 - cos <= {tol.cos_tol:g} (gradient sketch at step 1); "
+        f"the scale is unchanged while |k - 1| <= {tol.scale_rtol:g}. Every number and its reason: verdicts.csv.",
+        "",
+        "## Runs that did not complete",
+        "",
+        _table(not_ok[["run", "status", "steps_done", "diverged_at", "error"]]),
+        "",
+        "## Invariance to the layout",
+        "",
+        _table(invariance.drop(columns=["family"]) if invariance["family"].nunique() <= 1 else invariance),
+        "",
+        "## Communication per step",
+        "",
+        _table(comm.drop(columns=["group", "status"]).sort_values(["group_label", "reduction"])),
+        "",
+        "## Plots",
+        "",
+        *[f"![{p.stem}]({p.name})" for p in plots],
+    ]
+    if groups > MAX_GROUPS:
+        sections += ["", f"The plots show the first {MAX_GROUPS} of {groups} groups; the tables hold all of them."]
+    path = out / "report.md"
+    path.write_text("\n".join(sections) + "\n")
+    return path
