@@ -44,7 +44,7 @@ class Tolerances:
 
 def step_arrays(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(logged[run, step], {column: values[run, step]}) with NaN where a run has no such step."""
-    n_steps = int(steps["step"].max()) if len(steps) else 0
+    n_steps = int(steps["step"].max()) if len(steps) else 1  # one unlogged column when no run logged a step
     row = pd.Categorical(steps["run"], categories=run_ids).codes
     keep = row >= 0
     row, col = row[keep], steps["step"].to_numpy()[keep].astype(int) - 1
@@ -93,9 +93,9 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     grad_ratio = np.where(shared, a["grad_norm"] / a["grad_norm"][b], np.nan)
     out = pd.DataFrame(index=runs.index)
     out["steps_compared"] = shared.sum(axis=1)
-    out["loss_step1_diff"] = np.where(shared[:, 0], loss[:, 0] - base_loss[:, 0], np.nan) if loss.shape[1] else np.nan
-    out["loss_step1_rel_diff"] = out["loss_step1_diff"] / np.abs(base_loss[:, 0]) if loss.shape[1] else np.nan
-    out["grad_norm_ratio_step1"] = grad_ratio[:, 0] if loss.shape[1] else np.nan
+    out["loss_step1_diff"] = np.where(shared[:, 0], loss[:, 0] - base_loss[:, 0], np.nan)
+    out["loss_step1_rel_diff"] = out["loss_step1_diff"] / np.abs(base_loss[:, 0])
+    out["grad_norm_ratio_step1"] = grad_ratio[:, 0]
     out["grad_norm_ratio_median"] = _nan_median(grad_ratio)
 
     curves = {"logged": logged, "loss": loss, "loss_diff": np.where(shared, loss - base_loss, np.nan), "grad_norm_ratio": grad_ratio}

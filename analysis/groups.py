@@ -19,15 +19,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.load import RUN_COLUMNS
+
 LAYOUT = ["world_size", "sp", "grad_accum"]
 # Keys that do not change a run's trajectory: how long, how often it prints,
 # where and whether it logs, the kill timeout, whether collectives are counted.
 NOT_EXPERIMENT = ("train.steps", "train.log_every", "timeout_s", "metrics.count_comm", "wandb.")
-RUN_FIELDS = ("run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device", "backend")
 
 
 def config_columns(runs: pd.DataFrame) -> list[str]:
-    return [c for c in runs.columns if c not in RUN_FIELDS and not c.startswith(NOT_EXPERIMENT)]
+    return [c for c in runs.columns if c not in RUN_COLUMNS and not c.startswith(NOT_EXPERIMENT)]
 
 
 def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
@@ -46,9 +47,13 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     swept = [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]
     runs["group"] = _key(runs, [c for c in config if c != "reduction"])
     runs["family"] = _key(runs, [c for c in config if c != "reduction" and c not in LAYOUT]).str.replace("g", "f", n=1)
-    runs["layout"] = (
-        "DP(" + (runs["world_size"] // runs["sp"]).astype(str) + ")-SP(" + runs["sp"].astype(str)
-        + ")-GA(" + runs["grad_accum"].astype(str) + ")"
+    known = runs[LAYOUT].notna().all(axis=1)
+    sizes = runs[LAYOUT].where(known, 1).astype(int)
+    runs["layout"] = np.where(
+        known,
+        "DP(" + (sizes["world_size"] // sizes["sp"]).astype(str) + ")-SP(" + sizes["sp"].astype(str)
+        + ")-GA(" + sizes["grad_accum"].astype(str) + ")",
+        "unknown layout",
     )
     runs["group_label"] = runs["layout"]
     for column in swept:

@@ -2,7 +2,7 @@
 
 - `runs`: one row per job directory (whatever became of it): `run` (its id,
   `<sweep>/<job>`), `sweep`, `job`, `status`, `error`, `steps_done`,
-  `steps_logged`, `diverged_at`, `device`, `backend`, then the whole resolved
+  `steps_logged`, `diverged_at`, `device_used`, `backend`, then the whole resolved
   config flattened to dotted columns (`reduction`, `world_size`, `optim.lr`...).
 - `steps`: one row per (run, logged step): the metrics.jsonl records, with
   `comm` flattened to `comm_<kind>_<field>` (plus `comm_total_<field>` over
@@ -29,7 +29,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import yaml
 
-RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device", "backend"]
+RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
+# Every run has these, whatever its config.yaml held: the analysis groups by them.
+REQUIRED_CONFIG = {"reduction": None, "world_size": np.nan, "sp": np.nan, "grad_accum": np.nan, "data.packing": False}
 
 
 @dataclass
@@ -78,11 +80,18 @@ def _run_row(sweep: Path, job: Path) -> dict:
         "status": summary.get("status", "unfinished"),
         "error": error.strip().splitlines()[-1] if error.strip() else "",
         "steps_done": summary.get("steps_done", 0),
-        "device": summary.get("device"),
+        "device_used": summary.get("device"),  # what `device` (a config key) resolved to
         "backend": summary.get("backend"),
     }
-    # The C loader when PyYAML has it: OmegaConf.load is ~10x slower per file.
-    config = yaml.load((job / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    try:
+        # The C loader when PyYAML has it: OmegaConf.load is ~10x slower per file.
+        config = yaml.load((job / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        config = None
+        row.update(status="failed", error=f"config.yaml is unreadable: {str(error).splitlines()[0]}")
+    if not isinstance(config, dict):
+        config = {}
+        row.update(status="failed", error=row["error"] or "config.yaml holds no config")
     row.update(_flatten(config))
     return row
 
@@ -125,7 +134,7 @@ def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
 def _steps_frame(tables: list[pa.Table]) -> pd.DataFrame:
     """All runs' steps in one DataFrame: concatenated in Arrow (missing columns become null), converted once."""
     if not tables:
-        return pd.DataFrame({"run": pd.Series(dtype=str), "step": pd.Series(dtype=float)})
+        return pd.DataFrame({column: pd.Series(dtype=str if column == "run" else float) for column in ("run", "step", "loss", "grad_norm")})
     table = pa.concat_tables(tables, promote_options="permissive")
     # The run id repeats on every step: a dictionary (a pandas categorical), not a million strings.
     table = table.set_column(table.column_names.index("run"), "run", pc.dictionary_encode(table.column("run")))
@@ -156,6 +165,8 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         loaded = list(pool.map(lambda args: _load_job(*args), jobs))
     runs = pd.DataFrame([row for row, _ in loaded])
+    for column, missing in REQUIRED_CONFIG.items():
+        runs[column] = runs[column] if column in runs else missing
     steps = _steps_frame([table for _, table in loaded if table is not None])
 
     # The runs' order is the categories' order: a step's run is runs.iloc[steps.run.cat.codes].

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.comm import WARMUP_STEPS
 from analysis.compare import Tolerances
 from analysis.expected import NOT_RUN, SAME
 from analysis.plots import MAX_GROUPS, MODES
@@ -27,7 +28,10 @@ def _count(n: int, noun: str) -> str:
 def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
     """One bullet: what `mode` does to the gradient and the loss curve, with the numbers."""
     compared = rows[~rows["verdict"].isin(["reference", "no reference"]) & ~rows["status"].isin(NOT_RUN)]
+    unreferenced = (rows["verdict"] == "no reference").sum()
     if compared.empty:
+        if unreferenced:
+            return f"- `{mode}`: not compared in {_count(unreferenced, 'run')}: no completed `sum` run to compare with."
         return f"- `{mode}`: the reference of every group it ran in." if (rows["verdict"] == "reference").any() else ""
     counts = compared["verdict"].value_counts()
     parts = []
@@ -71,6 +75,8 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
     if counts.get("failed", 0):
         failed = compared[compared["verdict"] == "failed"]
         parts.append(f"failed in {_count(len(failed), 'run')} ({'; '.join(failed['reason'].head(3))})")
+    if unreferenced:
+        parts.append(f"not compared in {_count(unreferenced, 'run')} (no completed `sum` run in its group)")
     return f"- `{mode}`: " + "; ".join(parts) + "."
 
 
@@ -140,7 +146,7 @@ def _invariance_sentence(summary: pd.DataFrame) -> str:
 
 def opening(runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance_summary: pd.DataFrame) -> str:
     """The report's first section: the answer, from the numbers."""
-    ran = runs[~runs["status"].isin(NOT_RUN)]
+    ran = runs[~runs["status"].isin(NOT_RUN) & runs["optim.name"].notna()] if "optim.name" in runs else runs.iloc[:0]
     optimizers = ", ".join(
         sorted({f"{r['optim.name']} (lr {r['optim.lr']:g}, clip {r['optim.clip']:g})" for _, r in ran.iterrows()})
     )
@@ -162,8 +168,14 @@ def opening(runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, inva
     return "\n".join(lines) + "\n"
 
 
-def _table(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g") if len(frame) else "(none)"
+def _table(frame: pd.DataFrame, empty: str = "(none)") -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g", missingval="") if len(frame) else empty
+
+
+def _by_mode(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows by group, then in the modes' order (sum first, the negative control last)."""
+    order = frame["reduction"].map({m: i for i, m in enumerate(MODES)})
+    return frame.assign(_order=order).sort_values(["group_label", "_order"]).drop(columns="_order")
 
 
 def write_report(
@@ -176,8 +188,7 @@ def write_report(
         "loss_max_abs_diff": "max |Δloss|", "final_loss_diff": "final Δloss", "first_step_beyond": "departs at",
         "clip_active_frac": "clipped",
     }
-    ordered = verdicts.assign(order=verdicts["reduction"].map({m: i for i, m in enumerate(MODES)}))
-    ordered = ordered.sort_values(["group_label", "order"])
+    ordered = _by_mode(verdicts)
     not_ok = runs[runs["status"] != "completed"]
     groups = runs["group"].nunique()
     sections = [
@@ -198,11 +209,17 @@ def write_report(
         "",
         "## Invariance to the layout",
         "",
-        _table(invariance.drop(columns=["family"]) if invariance["family"].nunique() <= 1 else invariance),
+        _table(
+            invariance.drop(columns=["family"]) if invariance["family"].nunique() <= 1 else invariance,
+            "(every config ran in one layout: sweep world_size, sp or grad_accum to see this)",
+        ),
         "",
         "## Communication per step",
         "",
-        _table(comm.drop(columns=["group", "status"]).sort_values(["group_label", "reduction"])),
+        _table(_by_mode(comm).drop(columns=["group", "status", "layout", "world_size", "sp", "grad_accum"])),
+        "",
+        "Loss all-reduces: those of forward/backward (the valid-token count N and the mode's own); "
+        f"step time: mean over the steps after the first {WARMUP_STEPS}, against `local` of the same group.",
         "",
         "## Plots",
         "",

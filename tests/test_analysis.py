@@ -218,3 +218,21 @@ def test_bad_arguments_are_named_before_anything_runs(tmp_path, capsys):
     assert "--loss-rtol must be > 0" in capsys.readouterr().err
     assert analysis_main([str(tmp_path)]) == 2  # exists, but holds no job directory
     assert "no job directories" in capsys.readouterr().err
+
+
+def test_broken_jobs_are_reported_not_fatal(tmp_path):
+    """A corrupt config.yaml, a cut-off metrics line and a sweep where nothing logged a step."""
+    sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum"), SyntheticRun("local", factor=0.5), SyntheticRun("scaled")])
+    (next(sweep.glob("2_scaled*")) / "config.yaml").write_text("reduction: [unclosed\n")
+    metrics = next(sweep.glob("1_local*")) / "metrics.jsonl"
+    metrics.write_text(metrics.read_text()[:-40])  # the last record cut mid-line, as by a killed rank
+    verdicts = analyze([sweep], tmp_path / "out", wandb_mode="disabled").verdicts
+    broken = verdicts[verdicts["job"].str.startswith("2_")].iloc[0]
+    assert broken["verdict"] == "failed" and "config.yaml is unreadable" in broken["reason"]
+    local = verdicts.set_index("reduction").loc["local"]
+    assert local["steps_compared"] == 59 and local["verdict_text"] == "rescaled ×1/2"
+
+    nothing = write_sweep(tmp_path / "nothing", [SyntheticRun("sum", status="failed", fail_after=0)])
+    result = analyze([nothing], tmp_path / "out2", wandb_mode="disabled")
+    assert result.verdicts["verdict"].tolist() == ["failed"]
+    assert "## Answer" in result.report.read_text()
