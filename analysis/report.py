@@ -119,10 +119,12 @@ def _cost_sentence(comm: pd.DataFrame) -> str:
     for mode, rows in pairs.groupby("reduction", sort=False):
         calls = rows["extra_loss_calls_vs_local"]
         plural = "" if calls.max() == 1 else "s"
-        calls_text = (
-            f"{_range(calls, '.0f')} more loss all-reduce{plural} per step than `local`"
-            if calls.notna().any() else "loss collectives not recorded"
-        )
+        if calls.isna().all():
+            calls_text = "loss collectives not recorded"
+        elif (calls == 0).all():
+            calls_text = "as many loss all-reduces per step as `local`"
+        else:
+            calls_text = f"{_range(calls, '.0f')} more loss all-reduce{plural} per step than `local`"
         ratio = rows["overhead_vs_local"]
         ci = f"[{rows['overhead_ci_low'].min():.2f}, {rows['overhead_ci_high'].max():.2f}]"
         lines.append(f"`{mode}` issues {calls_text} and takes {_range(ratio, '.2f')}× `local`'s step time (95% CI {ci})")

@@ -162,7 +162,7 @@ def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
         if job.is_dir():
             config = (job / "config.yaml").read_text()
             outcomes[("bad" if "bad.jsonl" in config else "good", "grad_accum: 3" in config)] = summary(job)
-    assert outcomes[("good", False)]["status"] == "completed"
+    assert outcomes[("good", False)]["status"] == "completed", outcomes[("good", False)]
     assert outcomes[("bad", False)]["status"] == "failed"
     assert "has no field 'text' (data.text_field)" in outcomes[("bad", False)]["error"]
     for source in ("good", "bad"):
@@ -234,7 +234,13 @@ def test_analysis_of_a_real_sweep_passes_check_and_catches_a_corrupted_run(sweep
     comm = {row["reduction"]: row for row in csv.DictReader((copy / "analysis" / "comm.csv").open())}
     assert float(comm["sum"]["extra_loss_calls_vs_local"]) == 2 * GRAD_ACCUM - 1
     # The runs logged to offline W&B, so the analysis does too, into its own run of the sweep's group.
-    assert len(list((copy / "analysis" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+    (run_dir,) = (copy / "analysis" / "wandb").glob("offline-run-*")
+    wandb = shutil.which("wandb", path=str(Path(sys.executable).parent))
+    out = subprocess.run([wandb, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True)
+    records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    (logged,) = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert int(logged["verdicts.nrows"]) == 3 and logged["plots/loss_curves._type"] == "image-file"
+    assert [r["run"]["job_type"] for r in records if r["type"] == "run"] == ["analysis"]
 
     # A local run whose gradient sketch claims the full gradient no longer passes as 1/W.
     local = next(job for job in copy.iterdir() if "reduction=local" in job.name)
