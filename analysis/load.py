@@ -96,9 +96,8 @@ def _run_row(sweep: Path, job: Path) -> dict:
     return row
 
 
-def _read_metrics(path: Path, run: str) -> pa.Table | None:
-    """metrics.jsonl as a flat Arrow table (nested fields joined by `_`) with a `run` column;
-    None when the file is missing, empty or unreadable."""
+def _read_metrics(path: Path) -> pa.Table | None:
+    """metrics.jsonl as a flat Arrow table (nested fields joined by `_`); None when missing, empty or unreadable."""
     if not path.exists() or path.stat().st_size == 0:
         return None
     try:
@@ -114,8 +113,7 @@ def _read_metrics(path: Path, run: str) -> pa.Table | None:
             return None
         table = pa.Table.from_pylist(records)
     table = table.flatten().flatten()
-    table = table.rename_columns([c.replace(".", "_") for c in table.column_names])
-    return table.append_column("run", pa.array([run] * len(table), pa.string()))
+    return table.rename_columns([c.replace(".", "_") for c in table.column_names])
 
 
 def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
@@ -131,13 +129,20 @@ def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
     return np.array([r + [None] * (width - len(r)) if r is not None else [None] * width for r in rows], dtype=float)
 
 
-def _steps_frame(tables: list[pa.Table]) -> pd.DataFrame:
-    """All runs' steps in one DataFrame: concatenated in Arrow (missing columns become null), converted once."""
-    if not tables:
-        return pd.DataFrame({column: pd.Series(dtype=str if column == "run" else float) for column in ("run", "step", "loss", "grad_norm")})
-    table = pa.concat_tables(tables, promote_options="permissive")
-    # The run id repeats on every step: a dictionary (a pandas categorical), not a million strings.
-    table = table.set_column(table.column_names.index("run"), "run", pc.dictionary_encode(table.column("run")))
+def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFrame:
+    """All runs' steps in one DataFrame: concatenated in Arrow (missing columns become null), converted once.
+
+    `run` is a categorical whose categories are `run_ids` in order, so a step's run
+    is row `steps.run.cat.codes` of the runs table.
+    """
+    present = [(i, t) for i, t in enumerate(tables) if t is not None]
+    if not present:
+        steps = pd.DataFrame({column: pd.Series(dtype=float) for column in ("step", "loss", "grad_norm")})
+        steps.insert(0, "run", pd.Categorical([], categories=run_ids))
+        return steps
+    table = pa.concat_tables([t for _, t in present], promote_options="permissive")
+    codes = np.repeat([i for i, _ in present], [len(t) for _, t in present]).astype(np.int32)
+    table = table.append_column("run", pa.DictionaryArray.from_arrays(codes, pa.array(run_ids, pa.string())))
     sketch = _sketch_matrix(table.column("grad_sketch")) if "grad_sketch" in table.column_names else None
     if "grad_sketch" in table.column_names:
         table = table.drop_columns(["grad_sketch"])
@@ -153,25 +158,21 @@ def _steps_frame(tables: list[pa.Table]) -> pd.DataFrame:
 
 
 def _load_job(sweep: Path, job: Path) -> tuple[dict, pa.Table | None]:
-    row = _run_row(sweep, job)
-    return row, _read_metrics(job / "metrics.jsonl", row["run"])
+    return _run_row(sweep, job), _read_metrics(job / "metrics.jsonl")
 
 
 def load_sweeps(sweeps: list[Path]) -> Sweeps:
     jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
     if not jobs:
         raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
-    # Arrow parses JSON without the GIL: one thread per core reads files side by side.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    # Arrow parses JSON without the GIL: threads read files side by side (two per
+    # core, so that one parses while the other holds the GIL for YAML).
+    with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
         loaded = list(pool.map(lambda args: _load_job(*args), jobs))
     runs = pd.DataFrame([row for row, _ in loaded])
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
-    steps = _steps_frame([table for _, table in loaded if table is not None])
-
-    # The runs' order is the categories' order: a step's run is runs.iloc[steps.run.cat.codes].
-    steps["run"] = pd.Categorical(steps["run"].astype(str) if steps["run"].dtype != "category" else steps["run"],
-                                  categories=runs["run"].tolist())
+    steps = _steps_frame(runs["run"].tolist(), [table for _, table in loaded])
     logged = steps.groupby("run", observed=True).size()
     not_finite = ~np.isfinite(steps["loss"].astype(float)) | ~np.isfinite(steps["grad_norm"].astype(float))
     first_bad = steps.loc[not_finite].groupby("run", observed=True)["step"].min()
