@@ -28,6 +28,9 @@ import numpy as np
 import pandas as pd
 
 
+NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
+
+
 @dataclass(frozen=True)
 class Tolerances:
     # Runs of the same math in different layouts sum in different orders: float32
@@ -138,7 +141,7 @@ def factor_label(k: float) -> str:
 
 
 def verdicts(runs: pd.DataFrame, measures: pd.DataFrame, tol: Tolerances) -> pd.DataFrame:
-    """One verdict per run: reference, identical, equivalent, rescaled, different, failed or no reference."""
+    """One verdict per run: reference, identical, equivalent, rescaled, different, failed, not run or no reference."""
     m = measures
     is_baseline = runs["run"] == runs["baseline"]
     base_status = runs["baseline"].map(runs.set_index("run")["status"])
@@ -154,22 +157,23 @@ def verdicts(runs: pd.DataFrame, measures: pd.DataFrame, tol: Tolerances) -> pd.
     out["loss_matches"] = loss_matches
     out["factor"] = k
     out["factor_label"] = k.map(factor_label)
-    conditions = [
-        is_baseline,
-        runs["status"] != "completed",
-        runs["baseline"].isna() | (base_status != "completed"),
-        m["steps_compared"] == 0,
-        ~step1_loss_same,
-        m["losses_identical"] & m["sketch_identical"] & (m["grad_norm_ratio_step1"] == 1),
-        direction_known & ~same_direction,
-        same_scale & loss_matches,
-        same_scale,
-        ~same_scale,
+    # The first rule that holds decides: (rule, verdict, condition).
+    rules = [
+        ("baseline", "reference", is_baseline),
+        ("not run", "not run", runs["status"].isin(NOT_RUN)),
+        ("failed", "failed", runs["status"] != "completed"),
+        ("no baseline", "no reference", runs["baseline"].isna() | (base_status != "completed")),
+        ("nothing shared", "no reference", m["steps_compared"] == 0),
+        ("other start", "different", ~step1_loss_same),
+        ("bitwise", "identical", m["losses_identical"] & m["sketch_identical"] & (m["grad_norm_ratio_step1"] == 1)),
+        ("turned", "different", direction_known & ~same_direction),
+        ("same", "equivalent", same_scale & loss_matches),
+        ("same start, departs", "different", same_scale),
+        ("scaled", "rescaled", ~same_scale),
     ]
-    choices = ["reference", "failed", "no reference", "no reference", "different", "identical", "different",
-               "equivalent", "different", "rescaled"]
+    names, choices, conditions = zip(*rules)
     out["verdict"] = np.select(conditions, choices, default="different")
-    rule = pd.Series(np.select(conditions, np.arange(len(conditions)), default=len(conditions) - 1), index=runs.index)
+    rule = np.select(conditions, names, default="scaled")
     table = pd.concat([runs[["status", "diverged_at", "error"]], m, out], axis=1)
     out["reason"] = [_reason(r, row) for r, row in zip(rule, table.itertuples())]
     out["verdict_text"] = np.where(out["verdict"] == "rescaled", "rescaled ×" + out["factor_label"], out["verdict"])
@@ -180,27 +184,29 @@ def _steps(value: float) -> str:
     return "" if pd.isna(value) else str(int(value))
 
 
-def _reason(rule: int, row) -> str:
-    """The numbers behind verdict rule `rule` (the order of `conditions` in `verdicts`)."""
+def _reason(rule: str, row) -> str:
+    """The numbers behind the verdict `rule` gave (the rules of `verdicts`)."""
     deviates = f"loss curves deviate from step {_steps(row.first_step_beyond)}"
-    if rule == 0:
+    if rule == "baseline":
         return "the baseline of its group"
-    if rule == 1:
+    if rule == "not run":
+        return f"job {row.status}" + (f": {row.error}" if row.error else "")
+    if rule == "failed":
         where = f" at step {_steps(row.diverged_at)}" if pd.notna(row.diverged_at) else ""
         return f"run {row.status}{where}" + (f": {row.error}" if row.error else "")
-    if rule == 2:
+    if rule == "no baseline":
         return "no completed baseline (sum run) for its group"
-    if rule == 3:
+    if rule == "nothing shared":
         return "no step logged by both runs"
-    if rule == 4:
+    if rule == "other start":
         return f"step-1 loss differs by {row.loss_step1_rel_diff:.2e} relative: not the same model or data"
-    if rule == 5:
+    if rule == "bitwise":
         return "bit-identical losses, grad norms and sketches"
-    if rule == 6:
+    if rule == "turned":
         return f"gradient direction differs: step-1 sketch cosine {row.sketch_cos_step1:.6f}"
-    if rule == 7:
+    if rule == "same":
         return f"same step-1 gradient (×{row.factor:.6f}); loss curves match"
-    if rule == 8:
+    if rule == "same start, departs":
         return f"same step-1 gradient (×{row.factor:.6f}), but {deviates}"
     unmeasured = "" if pd.notna(row.sketch_cos_step1) else "; direction not measured (no grad_sketch)"
     still = "loss curves still match" if row.loss_matches else deviates

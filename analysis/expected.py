@@ -15,10 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.compare import Tolerances, factor_label
+from analysis.compare import NOT_RUN, Tolerances, factor_label
 
 SAME = {"reference", "identical", "equivalent"}
-NOT_RUN = {"invalid", "skipped"}
 
 
 def expected_verdicts(runs: pd.DataFrame, verdicts: pd.DataFrame, tol: Tolerances) -> pd.DataFrame:

@@ -55,6 +55,11 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
         + ")-GA(" + sizes["grad_accum"].astype(str) + ")",
         "unknown layout",
     )
+    runs["optimizer"] = [
+        f"{name} (lr {lr:g}, clip {clip:g})" if isinstance(name, str) else "unknown optimizer"
+        for name, lr, clip in zip(runs.get("optim.name", [None] * len(runs)), runs.get("optim.lr", [np.nan] * len(runs)),
+                                  runs.get("optim.clip", [np.nan] * len(runs)))
+    ]
     runs["group_label"] = runs["layout"]
     for column in swept:
         runs["group_label"] += " " + column + "=" + runs[column].astype(str)

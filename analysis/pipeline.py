@@ -26,8 +26,8 @@ from analysis.report import opening, write_report
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
-    "run", "sweep", "job", "group", "group_label", "family", "layout", "reduction", "world_size", "sp", "grad_accum",
-    "status", "diverged_at", "baseline", "baseline_kind",
+    "run", "sweep", "job", "group", "group_label", "family", "layout", "optimizer", "reduction", "world_size", "sp",
+    "grad_accum", "status", "diverged_at", "baseline", "baseline_kind",
 ]
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.comm import WARMUP_STEPS
-from analysis.compare import Tolerances
-from analysis.expected import NOT_RUN, SAME
+from analysis.compare import NOT_RUN, Tolerances
+from analysis.expected import SAME
 from analysis.plots import MAX_GROUPS, MODES
 
 
@@ -23,6 +23,26 @@ def _range(values: pd.Series, fmt: str) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _curve_clause(rescaled: pd.DataFrame, optimizer: str) -> str:
+    """Whether rescaled runs' loss curves still match the baseline's (under `optimizer`, when named)."""
+    under = f"under {optimizer}, " if optimizer else ""
+    matching = rescaled["loss_matches"].sum()
+    deviating = rescaled[~rescaled["loss_matches"]]
+    if not len(deviating):
+        return f"{under}its loss curve still matches the baseline's"
+    curve = f"{under}its loss curve matches in {matching}/{len(rescaled)}; elsewhere it" if matching else f"{under}its loss curve"
+    clipped = deviating["baseline_clip_frac"].fillna(0).gt(0).any() or deviating["clip_active_frac"].fillna(0).gt(0).any()
+    clipping = (
+        f" (clipping active in {_range(deviating['baseline_clip_frac'] * 100, '.0f')}% of the baseline's steps, "
+        f"{_range(deviating['clip_active_frac'] * 100, '.0f')}% of its own)"
+        if clipped else " (no clipping)"
+    )
+    return (
+        f"{curve} departs from step {_range(deviating['first_step_beyond'], '.0f')} and ends "
+        f"{_range(deviating['final_loss_diff'], '+.3g')} from the baseline{clipping}"
+    )
 
 
 def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
@@ -47,22 +67,12 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
         by_world = rescaled.groupby("world_size")["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
         factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
         is_one_over_w = np.allclose(rescaled["factor"] * rescaled["world_size"], 1, rtol=1e-3)
-        matching = rescaled["loss_matches"].sum()
-        deviating = rescaled[~rescaled["loss_matches"]]
-        if not len(deviating):
-            curve = "its loss curve still matches the baseline's"
-        else:
-            curve = f"its loss curve matches in {matching}/{len(rescaled)}; elsewhere it" if matching else "its loss curve"
-            curve += (
-                f" departs from step {_range(deviating['first_step_beyond'], '.0f')} and ends "
-                f"{_range(deviating['final_loss_diff'], '+.3g')} from the baseline "
-                f"(clipping active in {_range(deviating['baseline_clip_frac'] * 100, '.0f')}% of the baseline's steps, "
-                f"{_range(deviating['clip_active_frac'] * 100, '.0f')}% of its own)"
-            )
+        several = rescaled["optimizer"].nunique() > 1
+        curves = [_curve_clause(rows, optimizer if several else "") for optimizer, rows in rescaled.groupby("optimizer")]
         parts.append(
             f"the same direction (step-1 cosine {_range(rescaled['sketch_cos_step1'], '.6f')}) scaled by {factors}"
             + (" (= 1/W)" if is_one_over_w else "")
-            + f" in {len(rescaled)}/{len(compared)} runs; {curve}"
+            + f" in {len(rescaled)}/{len(compared)} runs; " + "; ".join(curves)
         )
     different = compared[compared["verdict"] == "different"]
     if len(different):
@@ -82,7 +92,8 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
 
 def _conclusion(verdicts: pd.DataFrame) -> str:
     """The question's answer, stated only when the verdicts carry it."""
-    compared = verdicts[~verdicts["verdict"].isin(["reference", "no reference"]) & ~verdicts["status"].isin(NOT_RUN)]
+    # Over the runs that completed and were compared: a failed run says nothing about the math.
+    compared = verdicts[~verdicts["verdict"].isin(["reference", "no reference", "failed", "not run"])]
     multi = compared[compared["world_size"] > 1]
 
     def all_are(modes: list[str], test) -> bool:
@@ -97,15 +108,15 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
         "So the differentiable all-reduce is needed for the gradient's *scale*, not its direction: "
         "without it (`local`, `detached`) every gradient is the true one divided by W."
     )
-    rescaled = multi[multi["reduction"].isin(["local", "detached"])]
-    if rescaled["loss_matches"].all():
-        text += " Here the optimizer hides that scale: their loss curves match the reference's."
-    else:
-        departing = rescaled[~rescaled["loss_matches"]]
-        text += (
-            f" Here it changes training: in {len(departing)}/{len(rescaled)} of their runs the loss curve departs "
-            f"from the reference's (from step {_range(departing['first_step_beyond'], '.0f')})."
-        )
+    for optimizer, rescaled in multi[multi["reduction"].isin(["local", "detached"])].groupby("optimizer"):
+        if rescaled["loss_matches"].all():
+            text += f" Under {optimizer} the optimizer hides that scale: their loss curves match the reference's."
+        else:
+            departing = rescaled[~rescaled["loss_matches"]]
+            text += (
+                f" Under {optimizer} it changes training: in {len(departing)}/{len(rescaled)} of their runs the loss "
+                f"curve departs from the reference's (from step {_range(departing['first_step_beyond'], '.0f')})."
+            )
     if alternatives:
         text += " `fsdp_sum` and `scaled` recover the true gradient exactly with no per-micro-batch collective."
     return text
@@ -221,7 +232,9 @@ def write_report(
         _table(_by_mode(comm).drop(columns=["group", "status", "layout", "world_size", "sp", "grad_accum"])),
         "",
         "Loss all-reduces: those of forward/backward (the valid-token count N and the mode's own); "
-        f"step time: mean over the steps after the first {WARMUP_STEPS}, against `local` of the same group.",
+        f"step time: mean over the steps after the first {WARMUP_STEPS}, against `local` of the same group. "
+        "The confidence interval covers step-to-step noise within each job; jobs of a sweep run one after "
+        "another, so a change in machine load between them is not in it (rerun on a quiet machine to confirm).",
         "",
         "## Plots",
         "",

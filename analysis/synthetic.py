@@ -34,7 +34,7 @@ class SyntheticRun:
     turn: float = 0.0  # angle (radians) by which the gradient direction is turned
     loss_shift_from: int | None = None  # from this step on, the loss is higher by loss_shift per step
     loss_shift: float = 0.01
-    status: str = "completed"  # completed, diverged or failed
+    status: str = "completed"  # completed, diverged, failed, or invalid (nothing ran)
     diverge_at: int | None = None  # the step whose loss and grad norm are not finite
     fail_after: int | None = None  # a failed run logged this many steps
     overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
@@ -87,6 +87,8 @@ def _records(run: SyntheticRun) -> list[dict]:
     sketch = run.factor * _turned(true["sketch"], run.turn, run.seed)
     grad_norm = np.linalg.norm(sketch, axis=1) / 2
     logged = run.fail_after if run.status == "failed" and run.fail_after is not None else run.steps
+    if run.status == "invalid":
+        logged = 0
     if run.diverge_at is not None:
         logged = run.diverge_at
     # Loss all-reduces per step as the runner issues them: N, plus the mode's own
@@ -126,7 +128,11 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
         with (job / "metrics.jsonl").open("w") as out:
             for record in records:
                 out.write(json.dumps(record).replace("NaN", "null") + "\n")
-        error = {"failed": "rank 1 exited with code 1", "diverged": f"not finite at step {run.diverge_at}"}.get(run.status)
+        error = {
+            "failed": "rank 1 exited with code 1",
+            "diverged": f"not finite at step {run.diverge_at}",
+            "invalid": "sp=3 does not divide world_size=2",
+        }.get(run.status)
         summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
         (job / "summary.json").write_text(json.dumps(summary))
     return sweep

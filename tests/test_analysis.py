@@ -175,6 +175,17 @@ def test_several_sweeps_are_analysed_as_one(tmp_path):
     assert local["baseline"] == "reference/0_sum_ws1_sp1_ga1_seed0" and local["verdict_text"] == "rescaled ×1/2"
 
 
+def test_jobs_that_never_ran_are_listed_not_judged(tmp_path, capsys):
+    runs = [SyntheticRun("sum"), SyntheticRun("local", factor=0.5), SyntheticRun("scaled", sp=3, status="invalid")]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    assert analysis_main([str(sweep), "--check", "--no-plots", "--wandb", "disabled"]) == 0
+    out = capsys.readouterr().out
+    assert "check: 1 job(s) never ran (invalid or skipped); not judged" in out
+    assert "check: all 2 verdicts are as expected" in out
+    verdicts = pd.read_csv(sweep / "analysis" / "verdicts.csv").set_index("reduction")
+    assert verdicts.loc["scaled", "verdict"] == "not run" and "sp=3 does not divide" in verdicts.loc["scaled", "reason"]
+
+
 def test_check_exits_1_and_names_the_offending_runs(mixed, capsys):
     sweep, _, _ = mixed
     assert analysis_main([str(sweep), "--check", "--no-plots", "--wandb", "disabled"]) == 1
