@@ -40,29 +40,38 @@ def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
 
 
 def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
-    """`runs` with `group`, `family`, `group_label` and `baseline` (the run id compared against, or NaN)."""
+    """`runs` with `group`, `family`, `layout`, `optimizer`, `group_label`, `baseline` (a run id or NaN)
+    and `baseline_kind`."""
     runs = runs.copy()
     config = config_columns(runs)
-    # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
-    swept = [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]
     runs["group"] = _key(runs, [c for c in config if c != "reduction"])
     runs["family"] = _key(runs, [c for c in config if c != "reduction" and c not in LAYOUT]).str.replace("g", "f", n=1)
-    known = runs[LAYOUT].notna().all(axis=1)
-    sizes = runs[LAYOUT].where(known, 1).astype(int)
-    runs["layout"] = np.where(
-        known,
-        "DP(" + (sizes["world_size"] // sizes["sp"]).astype(str) + ")-SP(" + sizes["sp"].astype(str)
-        + ")-GA(" + sizes["grad_accum"].astype(str) + ")",
-        "unknown layout",
-    )
+    runs["layout"] = _layout_names(runs)
     runs["optimizer"] = [
         f"{name} (lr {lr:g}, clip {clip:g})" if isinstance(name, str) else "unknown optimizer"
-        for name, lr, clip in zip(runs.get("optim.name", [None] * len(runs)), runs.get("optim.lr", [np.nan] * len(runs)),
-                                  runs.get("optim.clip", [np.nan] * len(runs)))
+        for name, lr, clip in zip(runs["optim.name"], runs["optim.lr"], runs["optim.clip"])
     ]
+    # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
     runs["group_label"] = runs["layout"]
-    for column in swept:
+    for column in [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]:
         runs["group_label"] += " " + column + "=" + runs[column].astype(str)
+    runs["baseline"], runs["baseline_kind"] = _baselines(runs)
+    return runs
+
+
+def _layout_names(runs: pd.DataFrame) -> np.ndarray:
+    """DP(..)-SP(..)-GA(..) per run ("unknown layout" where its config could not be read)."""
+    known = runs[LAYOUT].notna().all(axis=1)
+    sizes = runs[LAYOUT].where(known, 1).astype(int)
+    name = (
+        "DP(" + (sizes["world_size"] // sizes["sp"]).astype(str) + ")-SP(" + sizes["sp"].astype(str)
+        + ")-GA(" + sizes["grad_accum"].astype(str) + ")"
+    )
+    return np.where(known, name, "unknown layout")
+
+
+def _baselines(runs: pd.DataFrame) -> tuple[pd.Series, np.ndarray]:
+    """Each run's baseline: its family's world_size=1 `sum` run (smallest grad_accum), else its group's `sum`."""
     completed_sum = runs[(runs["status"] == "completed") & (runs["reduction"] == "sum")]
     group_reference = completed_sum.drop_duplicates("group").set_index("group")["run"]
     ground_truth = (
@@ -72,11 +81,11 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
         .set_index("family")["run"]
     )
     from_family = runs["family"].map(ground_truth).astype(object)
-    runs["baseline"] = from_family.where(from_family.notna(), runs["group"].map(group_reference).astype(object))
-    runs["baseline_kind"] = np.where(
-        runs["family"].isin(ground_truth.index), "world_size=1 sum", np.where(runs["baseline"].notna(), "group sum", "none")
+    baseline = from_family.where(from_family.notna(), runs["group"].map(group_reference).astype(object))
+    kind = np.where(
+        runs["family"].isin(ground_truth.index), "world_size=1 sum", np.where(baseline.notna(), "group sum", "none")
     )
-    return runs
+    return baseline, kind
 
 
 def varying_columns(runs: pd.DataFrame) -> list[str]:

@@ -31,7 +31,10 @@ import yaml
 
 RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
-REQUIRED_CONFIG = {"reduction": None, "world_size": np.nan, "sp": np.nan, "grad_accum": np.nan, "data.packing": False}
+REQUIRED_CONFIG = {
+    "reduction": None, "world_size": np.nan, "sp": np.nan, "grad_accum": np.nan, "data.packing": False,
+    "optim.name": None, "optim.lr": np.nan, "optim.clip": np.nan,
+}
 
 
 @dataclass

@@ -107,7 +107,7 @@ def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
     for ax in (calls_ax, time_ax):
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Communication cost of each mode")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.93, hspace=0.08)
     path = out / "comm_overhead.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

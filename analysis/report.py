@@ -159,10 +159,8 @@ def _invariance_sentence(summary: pd.DataFrame) -> str:
 
 def opening(runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance_summary: pd.DataFrame) -> str:
     """The report's first section: the answer, from the numbers."""
-    ran = runs[~runs["status"].isin(NOT_RUN) & runs["optim.name"].notna()] if "optim.name" in runs else runs.iloc[:0]
-    optimizers = ", ".join(
-        sorted({f"{r['optim.name']} (lr {r['optim.lr']:g}, clip {r['optim.clip']:g})" for _, r in ran.iterrows()})
-    )
+    ran = runs[~runs["status"].isin(NOT_RUN) & runs["optim.name"].notna()]
+    optimizers = ", ".join(sorted(ran["optimizer"].unique()))
     lines = [
         "## Answer",
         "",
