@@ -44,6 +44,8 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     and `baseline_kind`."""
     runs = runs.copy()
     config = config_columns(runs)
+    # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
+    swept = [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]
     runs["group"] = _key(runs, [c for c in config if c != "reduction"])
     runs["family"] = _key(runs, [c for c in config if c != "reduction" and c not in LAYOUT]).str.replace("g", "f", n=1)
     runs["layout"] = _layout_names(runs)
@@ -51,9 +53,8 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
         f"{name} (lr {lr:g}, clip {clip:g})" if isinstance(name, str) else "unknown optimizer"
         for name, lr, clip in zip(runs["optim.name"], runs["optim.lr"], runs["optim.clip"])
     ]
-    # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
     runs["group_label"] = runs["layout"]
-    for column in [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]:
+    for column in swept:
         runs["group_label"] += " " + column + "=" + runs[column].astype(str)
     runs["baseline"], runs["baseline_kind"] = _baselines(runs)
     return runs

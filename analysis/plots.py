@@ -32,11 +32,23 @@ def plotted_groups(runs: pd.DataFrame) -> list[str]:
     return order["group"].tolist()[:MAX_GROUPS]
 
 
+# Panel and margin sizes in inches; the figure grows with the panel grid.
+PANEL_W, PANEL_H = 4.2, 3.0
+LEFT, RIGHT, TOP, BOTTOM = 0.8, 0.2, 0.7, 0.9  # BOTTOM holds the last row's x label and the legend
+
+
 def _panels(count: int, title: str):
+    """A grid of `count` panels, 4 wide at most, with fixed margins (tight_layout would draw it all twice)."""
     cols = min(count, 4)
     rows = math.ceil(count / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharex=True)
-    fig.suptitle(title)
+    width = LEFT + RIGHT + PANEL_W * cols + 0.6 * (cols - 1)
+    height = TOP + BOTTOM + PANEL_H * rows + 0.6 * (rows - 1)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False, sharex=True)
+    fig.subplots_adjust(
+        left=LEFT / width, right=1 - RIGHT / width, bottom=BOTTOM / height, top=1 - TOP / height,
+        wspace=0.6 / PANEL_W, hspace=0.6 / PANEL_H,
+    )
+    fig.suptitle(title, y=1 - 0.15 / height, va="top")
     for ax in axes.flat[count:]:
         ax.set_visible(False)
     return fig, list(axes.flat)[:count]
@@ -57,10 +69,8 @@ def _per_group(runs: pd.DataFrame, values: np.ndarray, path: Path, title: str, y
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), frameon=False)
-    # A fixed geometry: tight_layout would draw every panel once more just to measure it.
-    rows = math.ceil(len(groups) / 4)
-    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.1 + 0.1 / rows, top=1 - 0.12 / rows, wspace=0.3, hspace=0.45)
+    columns = min(len(handles), 3 * min(len(groups), 4))
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns, frameon=False, fontsize=9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -81,7 +91,8 @@ def gradient_scale(runs: pd.DataFrame, scale: np.ndarray, out: Path) -> Path:
 
 
 def gradient_direction(runs: pd.DataFrame, cos: np.ndarray, out: Path) -> Path:
-    return _per_group(runs, cos, out / "gradient_direction.png", "Gradient direction: cosine with the baseline", "cosine")
+    title = "Gradient direction: cosine with the baseline (after step 1, runs that train differently have drifted apart)"
+    return _per_group(runs, cos, out / "gradient_direction.png", title, "cosine")
 
 
 def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
@@ -89,7 +100,7 @@ def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
     labels = table["group_label"].drop_duplicates().tolist()
     modes = [m for m in MODES if m in set(table["reduction"])]
     width = 0.8 / max(len(modes), 1)
-    fig, (calls_ax, time_ax) = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(labels) + 2), 7), sharex=True)
+    fig, (calls_ax, time_ax) = plt.subplots(2, 1, figsize=(max(7, 1.6 * len(labels) + 2), 7), sharex=True)
     x = np.arange(len(labels))
     for i, mode in enumerate(modes):
         one = table[table["reduction"] == mode].set_index("group_label").reindex(labels)
@@ -100,14 +111,15 @@ def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
     if table["loss_all_reduce_calls"].isna().all():
         calls_ax.text(0.5, 0.5, "not recorded (runs without loss_comm)", ha="center", va="center", transform=calls_ax.transAxes)
     calls_ax.set_ylabel("loss all-reduces / step")
-    calls_ax.legend(ncol=len(modes), fontsize=8, frameon=False)
+    fig.legend(*calls_ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.95), ncol=min(len(modes), 6),
+               fontsize=8, frameon=False)
     time_ax.axhline(1.0, color="grey", lw=0.8)
     time_ax.set_ylabel("step time / local's (95% CI)")
     time_ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
     for ax in (calls_ax, time_ax):
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Communication cost of each mode")
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.93, hspace=0.08)
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.88, hspace=0.08)
     path = out / "comm_overhead.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

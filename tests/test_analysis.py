@@ -247,3 +247,15 @@ def test_broken_jobs_are_reported_not_fatal(tmp_path):
     result = analyze([nothing], tmp_path / "out2", wandb_mode="disabled")
     assert result.verdicts["verdict"].tolist() == ["failed"]
     assert "## Answer" in result.report.read_text()
+
+
+def test_group_labels_name_the_layout_and_the_other_swept_values(tmp_path):
+    runs = [SyntheticRun(mode, world_size=w, overrides={"optim.name": opt}) for mode in ("sum", "local")
+            for w in (1, 2) for opt in ("adamw", "sgd")]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    verdicts = analyze([sweep], tmp_path / "out", wandb_mode="disabled", make_plots=False).verdicts
+    assert sorted(set(verdicts["group_label"])) == [
+        "DP(1)-SP(1)-GA(1) optim.name=adamw", "DP(1)-SP(1)-GA(1) optim.name=sgd",
+        "DP(2)-SP(1)-GA(1) optim.name=adamw", "DP(2)-SP(1)-GA(1) optim.name=sgd",
+    ]
+    assert verdicts["baseline_kind"].eq("world_size=1 sum").all()
