@@ -27,7 +27,6 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-
 NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 
 
@@ -106,8 +105,9 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
         sketch = np.stack([a[c] for c in sketch_columns], axis=-1)  # [run, step, k]
         base_sketch = sketch[b]
         dot = (sketch * base_sketch).sum(-1)
-        cos = dot / (np.linalg.norm(sketch, axis=-1) * np.linalg.norm(base_sketch, axis=-1))
-        scale = dot / (base_sketch**2).sum(-1)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a zero or missing sketch gives NaN, not a warning
+            cos = dot / (np.linalg.norm(sketch, axis=-1) * np.linalg.norm(base_sketch, axis=-1))
+            scale = dot / (base_sketch**2).sum(-1)
         cos, scale = np.where(shared, cos, np.nan), np.where(shared, scale, np.nan)
         out["sketch_cos_step1"], out["sketch_scale_step1"] = cos[:, 0], scale[:, 0]
         out["sketch_cos_min"] = np.where(np.isfinite(cos).any(axis=1), np.nanmin(np.where(np.isfinite(cos), cos, np.inf), axis=1), np.nan)
