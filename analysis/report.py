@@ -68,7 +68,7 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
         factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
         is_one_over_w = np.allclose(rescaled["factor"] * rescaled["world_size"], 1, rtol=1e-3)
         several = rescaled["optimizer"].nunique() > 1
-        curves = [_curve_clause(rows, optimizer if several else "") for optimizer, rows in rescaled.groupby("optimizer")]
+        curves = [_curve_clause(runs_of, optimizer if several else "") for optimizer, runs_of in rescaled.groupby("optimizer")]
         parts.append(
             f"the same direction (step-1 cosine {_range(rescaled['sketch_cos_step1'], '.6f')}) scaled by {factors}"
             + (" (= 1/W)" if is_one_over_w else "")
