@@ -16,7 +16,7 @@ import pandas as pd
 from analysis.compare import Tolerances
 from analysis.load import newest_sweep
 from analysis.pipeline import analyze
-from analysis.wandb_log import MODES
+from analysis.wandb_log import WANDB_MODES
 
 PRINTED = ["group_label", "reduction", "status", "verdict_text", "expected", "as_expected", "reason"]
 
@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("sweeps", nargs="*", type=Path, help="sweep directories (default: the newest under multirun/)")
     parser.add_argument("--out", type=Path, help="output folder (default: SWEEP/analysis; with several sweeps, FIRST/analysis-combined)")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every verdict is the expected one for its mode")
-    parser.add_argument("--wandb", choices=MODES, default="auto", help="W&B run of the analysis (auto: as the sweep's runs)")
+    parser.add_argument("--wandb", choices=WANDB_MODES, default="auto", help="W&B run of the analysis (auto: as the sweep's runs)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--loss-rtol", type=float, default=defaults.loss_rtol, help="relative loss difference of matching curves")
     parser.add_argument("--cos-tol", type=float, default=defaults.cos_tol, help="1 - cosine up to which directions are the same")

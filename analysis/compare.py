@@ -61,7 +61,14 @@ def step_arrays(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> 
     return logged, arrays
 
 
-def _first_true(mask: np.ndarray) -> np.ndarray:
+def departs(loss: np.ndarray, base_loss: np.ndarray, shared: np.ndarray, tol: Tolerances) -> np.ndarray:
+    """[run, step]: where a curve has left its baseline: |L - L_b| > loss_rtol |L_b|, or L no longer finite."""
+    with np.errstate(invalid="ignore"):
+        too_far = np.abs(loss - base_loss) > tol.loss_rtol * np.abs(base_loss)
+    return shared & np.isfinite(base_loss) & (~np.isfinite(loss) | too_far)
+
+
+def first_true(mask: np.ndarray) -> np.ndarray:
     """1-based index of the first True per row; NaN where there is none."""
     first = mask.argmax(axis=1).astype(float) + 1
     first[~mask.any(axis=1)] = np.nan
@@ -88,7 +95,7 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     shared = logged & logged[b] & has_base[:, None]
     both_finite = shared & np.isfinite(loss) & np.isfinite(base_loss)
     abs_diff = np.where(both_finite, np.abs(loss - base_loss), np.nan)
-    beyond = shared & np.isfinite(base_loss) & (~np.isfinite(loss) | (abs_diff > tol.loss_rtol * np.abs(base_loss)))
+    beyond = departs(loss, base_loss, shared, tol)
     last_shared = np.where(both_finite.any(axis=1), both_finite.shape[1] - 1 - both_finite[:, ::-1].argmax(axis=1), 0)
     rows = np.arange(len(runs))
 
@@ -122,7 +129,7 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     out["loss_max_abs_diff"] = np.where(has_diff, np.nanmax(np.where(has_diff[:, None], abs_diff, 0), axis=1), np.nan)
     out["loss_mean_abs_diff"] = np.where(has_diff, np.nanmean(np.where(has_diff[:, None], abs_diff, 0), axis=1), np.nan)
     out["final_loss_diff"] = np.where(has_diff, loss[rows, last_shared] - base_loss[rows, last_shared], np.nan)
-    out["first_step_beyond"] = _first_true(beyond)
+    out["first_step_beyond"] = first_true(beyond)
     out["losses_identical"] = shared.any(axis=1) & ((loss == base_loss) | ~shared).all(axis=1)
     clipped = logged & (a["clip_coef"] < 1.0)
     out["clip_active_frac"] = np.where(logged.any(axis=1), clipped.sum(axis=1) / np.maximum(logged.sum(axis=1), 1), np.nan)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.compare import Tolerances
+from analysis.compare import Tolerances, departs, first_true
 from analysis.groups import LAYOUT
 
 COLUMNS = ["family", "reduction", "axis", "values", "pairs", "max_rel_diff", "first_step_beyond", "changes"]
@@ -23,12 +23,11 @@ def _pair_deviation(loss: np.ndarray, logged: np.ndarray, i: np.ndarray, j: np.n
     """Max relative loss difference of runs i vs j over their shared steps, and the first step beyond tolerance."""
     shared = logged[i] & logged[j]
     a, b = loss[i], loss[j]
-    rel = np.abs(a - b) / np.abs(b)
-    beyond = shared & np.isfinite(b) & (~np.isfinite(a) | (rel > tol.loss_rtol))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.abs(a - b) / np.abs(b)
     finite = shared & np.isfinite(rel)
     max_rel = np.where(finite.any(axis=1), np.where(finite, rel, 0).max(axis=1), np.nan)
-    first = np.where(beyond.any(axis=1), beyond.argmax(axis=1) + 1.0, np.nan)
-    return max_rel, first
+    return max_rel, first_true(departs(a, b, shared, tol))
 
 
 def invariance(runs: pd.DataFrame, loss: np.ndarray, logged: np.ndarray, tol: Tolerances) -> pd.DataFrame:

@@ -7,11 +7,12 @@ plots as wandb.Image, and the report text as an HTML panel.
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pandas as pd
 
-MODES = ("auto", "offline", "online", "disabled")
+WANDB_MODES = ("auto", "offline", "online", "disabled")
 
 
 def resolve_mode(requested: str, runs: pd.DataFrame) -> str:
@@ -46,7 +47,7 @@ def log_analysis(
     )
     payload = {name: wandb.Table(dataframe=_loggable(table)) for name, table in tables.items()}
     payload.update({f"plots/{p.stem}": wandb.Image(str(p)) for p in plots})
-    payload["report"] = wandb.Html(f"<pre>{_escape(report.read_text())}</pre>")
+    payload["report"] = wandb.Html(f"<pre>{html.escape(report.read_text())}</pre>")
     run.log(payload)
     run_dir = Path(run.dir).parent
     run.finish()
@@ -63,6 +64,3 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
             out[column] = out[column].astype(str)
     return out
 
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
