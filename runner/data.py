@@ -74,10 +74,17 @@ class Batch:
     inputs: torch.Tensor  # [batch, seq] int64 token ids
     labels: torch.Tensor  # [batch, seq] next-token targets, IGNORE_INDEX where padded
     position_offset: int = 0  # absolute position of column 0 (non-zero for sequence shards)
+    # Valid targets of this micro-batch's whole sequences (all sp chunks); None: the batch is whole.
+    sequence_valid_tokens: int | None = None
 
     @property
     def valid_tokens(self) -> int:
         return int((self.labels != IGNORE_INDEX).sum())
+
+    @property
+    def whole_valid_tokens(self) -> int:
+        """Valid targets of the whole sequences this batch is (a chunk of)."""
+        return self.valid_tokens if self.sequence_valid_tokens is None else self.sequence_valid_tokens
 
 
 class GlobalBatches:
@@ -125,5 +132,19 @@ def local_micro_batches(batch: Batch, *, dp: int, dp_rank: int, sp: int, sp_rank
         row_start = dp_rank * rows_per_rank + micro * rows_per_micro
         rows = slice(row_start, row_start + rows_per_micro)
         columns = slice(col_start, col_start + cols)
-        micro_batches.append(Batch(batch.inputs[rows, columns], batch.labels[rows, columns], position_offset=col_start))
+        whole = int((batch.labels[rows] != IGNORE_INDEX).sum())
+        micro_batches.append(
+            Batch(batch.inputs[rows, columns], batch.labels[rows, columns], position_offset=col_start, sequence_valid_tokens=whole)
+        )
     return micro_batches
+
+
+def micro_batch_token_range(batch: Batch, *, dp: int, grad_accum: int) -> tuple[int, int]:
+    """(min, max) valid targets over the dp * grad_accum micro-batches of whole sequences.
+
+    When they differ, a mean of per-micro-batch means weights tokens unequally
+    (what `mean_of_means` gets wrong); when they are equal it is the token mean.
+    """
+    rows = batch.labels.shape[0] // (dp * grad_accum)
+    counts = (batch.labels != IGNORE_INDEX).reshape(dp * grad_accum, rows * batch.labels.shape[1]).sum(dim=1)
+    return int(counts.min()), int(counts.max())

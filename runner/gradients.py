@@ -46,7 +46,11 @@ class GradientSketch:
         for name, param in model.named_parameters():
             generator = torch.Generator().manual_seed(sketch_seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.randn((dim, *param.shape), generator=generator)
-            self.projections.append((param, self._local_slice(full, param).reshape(dim, -1).to(param.device)))
+            # A copy of this rank's slice: a view would keep all of `full` alive
+            # (K times the whole model on every rank).
+            local = self._local_slice(full, param).reshape(dim, -1).clone()
+            del full
+            self.projections.append((param, local.to(param.device)))
 
     @staticmethod
     def _local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

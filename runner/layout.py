@@ -45,11 +45,11 @@ class ParallelLayout:
                 found.append((name, f"{name}={value} must be >= 1"))
         if found:
             return found
+        # Suggest only degrees that pass every sp rule: they divide the world, the heads and the sequence.
+        valid = ", ".join(str(d) for d in _divisors(self.world_size) if n_heads % d == 0 and seq_len % d == 0)
         if self.world_size % self.sp:
-            valid = ", ".join(map(str, _divisors(self.world_size)))
             return [("sp", f"sp={self.sp} does not divide world_size={self.world_size}; valid sp: {valid}")]
         if n_heads % self.sp:
-            valid = ", ".join(str(d) for d in _divisors(self.world_size) if n_heads % d == 0)
             found.append(
                 ("sp", f"model.n_heads={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}")
             )

@@ -2,30 +2,40 @@
 
 Notation for one optimizer step; W = world size = dp * sp, M = grad_accum.
 
-    S_rm  sum of token cross-entropies of rank r's micro-batch m
-    n_rm  its number of valid (non-ignored) targets
-    N     = sum_rm n_rm, the step's global valid-token count (one all-reduce per step)
-    L_rm  = S_rm / N
-    L     = sum_rm L_rm, the global token-mean loss that every correct mode trains on
+    S_rsm  sum of token cross-entropies of rank (r, s)'s shard of micro-batch m
+           (dp rank r, sp rank s; with sp = 1 the shard is the whole micro-batch)
+    n_rsm  its number of valid (non-ignored) targets
+    n_rm   = sum_s n_rsm, the valid targets of micro-batch m's whole sequences
+    N      = sum_rsm n_rsm, the step's global valid-token count (one all-reduce per step)
+    L_rsm  = S_rsm / N
+    L      = sum_rsm L_rsm, the global token-mean loss that every correct mode trains on
 
 FSDP2 reduces gradients with a mean over the W ranks it shards over:
-g = (1/W) sum_r d(loss_r)/dθ. `funcol.all_reduce` is differentiable and its
+g = (1/W) sum_rs d(loss_rs)/dθ. `funcol.all_reduce` is differentiable and its
 backward all-reduces the incoming gradient with SUM, so with every rank
-seeding 1, d AR(L_rm) / d L_rm = W on every rank.
+seeding 1, d AR(L_rsm) / d L_rsm = W on every rank.
 
-| mode          | backpropagated per micro-batch | gradient after FSDP        | extra collectives / step |
-|---------------|--------------------------------|----------------------------|--------------------------|
-| sum           | AR(L_rm)                       | (1/W) * W * dL = dL        | 2M (forward + backward)  |
-| detached      | L_rm                           | dL / W                     | M (logging only)         |
-| local         | L_rm                           | dL / W                     | 1 (logging only)         |
-| fsdp_sum      | L_rm, FSDP sums (no 1/W)       | dL                         | 1 (logging only)         |
-| scaled        | W * L_rm                       | dL                         | 1 (logging only)         |
-| mean_of_means | (S_rm / n_rm) / M              | d[(1/WM) sum_rm S_rm/n_rm] | 1 (logging only)         |
+| mode          | backpropagated per micro-batch | gradient after FSDP          | extra collectives / step |
+|---------------|--------------------------------|------------------------------|--------------------------|
+| sum           | AR(L_rsm)                      | (1/W) * W * dL = dL          | 2M (forward + backward)  |
+| detached      | L_rsm                          | dL / W                       | M (logging only)         |
+| local         | L_rsm                          | dL / W                       | 1 (logging only)         |
+| fsdp_sum      | L_rsm, FSDP sums (no 1/W)      | dL                           | 1 (logging only)         |
+| scaled        | W * L_rsm                      | dL                           | 1 (logging only)         |
+| mean_of_means | sp * S_rsm / n_rm / M          | d[(1/(dp M)) sum_rm S_rm/n_rm] | 1 (logging only)       |
+
+`mean_of_means` is the nanoGPT / Hugging Face (before 4.46) rule over whole
+sequences: each micro-batch's token mean over its full sequences, averaged
+over micro-batches and dp ranks. An sp shard holds part of its micro-batch's
+sum S_rm = sum_s S_rsm, so it divides by the whole sequences' count n_rm (not
+its own chunk's), and the factor sp undoes FSDP's mean over the sp ranks:
+(1/W) sum_rsm sp S_rsm / (n_rm M) = (1/(dp M)) sum_rm S_rm / n_rm.
 
 Every mode logs `loss` = L, computed from what that mode's loop already has:
-sum_m AR(L_rm) for `sum` (its forward values) and `detached`, AR(sum_m L_rm)
+sum_m AR(L_rsm) for `sum` (its forward values) and `detached`, AR(sum_m L_rsm)
 once per step for the others. `reported` is what the mode's own loop would
-print: L for all but `mean_of_means`, which reports (1/W) AR(sum_m (S_rm/n_rm)/M).
+print: L for all but `mean_of_means`, which reports
+(1/dp) AR(sum_m S_rsm / n_rm / M) = (1/(dp M)) sum_rm S_rm / n_rm.
 """
 
 from __future__ import annotations
@@ -67,20 +77,22 @@ def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, de
 class LossReducer:
     """Per-step state of one mode: call `backward_loss` per micro-batch, then `finish_step` once."""
 
-    def __init__(self, mode: Reduction, group: dist.ProcessGroup, grad_accum: int):
+    def __init__(self, mode: Reduction, group: dist.ProcessGroup, grad_accum: int, sp: int = 1):
         self.mode = mode
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.grad_accum = grad_accum
+        self.sp = sp
+        self.dp = self.world_size // sp
 
     def start_step(self, valid_tokens: torch.Tensor) -> None:
         self.valid_tokens = valid_tokens
-        self.loss_sum = torch.zeros((), dtype=torch.float32, device=valid_tokens.device)  # sum_m L_rm or its AR
-        self.mean_sum = torch.zeros_like(self.loss_sum)  # sum_m (S_rm / n_rm) / M
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=valid_tokens.device)  # sum_m L_rsm or its AR
+        self.mean_sum = torch.zeros_like(self.loss_sum)  # sum_m S_rsm / n_rm / M
 
-    def backward_loss(self, token_loss: torch.Tensor, micro_valid_tokens: int) -> torch.Tensor:
-        """The loss to call .backward() on for one micro-batch, given S_rm and n_rm."""
-        local = token_loss / self.valid_tokens  # L_rm = S_rm / N
+    def backward_loss(self, token_loss: torch.Tensor, sequence_valid_tokens: int) -> torch.Tensor:
+        """The loss to call .backward() on for one micro-batch shard, given S_rsm and n_rm."""
+        local = token_loss / self.valid_tokens  # L_rsm = S_rsm / N
         mode = self.mode
         if mode is Reduction.sum:
             # Differentiable: backward all-reduces the seed, so L_rm receives W.
@@ -95,10 +107,11 @@ class LossReducer:
         if mode is Reduction.scaled:
             return self.world_size * local  # undoes FSDP's 1/W
         if mode is Reduction.mean_of_means:
-            # nanoGPT-style: this shard's own token mean, averaged over micro-batches.
-            mean = token_loss / max(micro_valid_tokens, 1) / self.grad_accum
+            # nanoGPT-style: the micro-batch's token mean over its whole sequences, / M;
+            # times sp so that FSDP's mean over W leaves the mean over dp ranks.
+            mean = token_loss / max(sequence_valid_tokens, 1) / self.grad_accum
             self.mean_sum += mean.detach()
-            return mean
+            return self.sp * mean
         return local  # local, fsdp_sum
 
     def finish_step(self) -> StepLoss:
@@ -108,7 +121,7 @@ class LossReducer:
             # One collective per step carries both L and the mean of means.
             both = funcol.all_reduce(torch.stack([self.loss_sum, self.mean_sum]), "sum", self.group)
             loss, mean_of_means = both.tolist()
-            reported = mean_of_means / self.world_size if self.mode is Reduction.mean_of_means else loss
+            reported = mean_of_means / self.dp if self.mode is Reduction.mean_of_means else loss
         return StepLoss(loss=loss, reported=reported, valid_tokens=int(self.valid_tokens.item()))
 
 
@@ -120,5 +133,5 @@ def forward_backward(
     for micro in micro_batches:
         logits = model(micro.inputs.to(device), position_offset=micro.position_offset)
         token_loss = token_loss_sum(logits, micro.labels.to(device))
-        reducer.backward_loss(token_loss, micro.valid_tokens).backward()
+        reducer.backward_loss(token_loss, micro.whole_valid_tokens).backward()
     return reducer.finish_step()

@@ -111,7 +111,7 @@ def test_world_sizes_agree_on_local_step_loss(world, reference):
 
 
 SP_DEGREES = (1, 2, 4)
-SP_MODES = (Reduction.sum, Reduction.local)
+SP_MODES = (Reduction.sum, Reduction.local, Reduction.mean_of_means)
 
 
 def world_sp_gradients(world_size: int) -> dict:
@@ -127,8 +127,9 @@ def world_sp_gradients(world_size: int) -> dict:
         )
         for mode in SP_MODES:
             model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
-            step = forward_backward(model, micro_batches, LossReducer(mode, meshes.world_group, 1), torch.device("cpu"))
-            results[sp, mode] = (step.loss, {name: p.grad.full_tensor() for name, p in model.named_parameters()})
+            reducer = LossReducer(mode, meshes.world_group, 1, sp=sp)
+            step = forward_backward(model, micro_batches, reducer, torch.device("cpu"))
+            results[sp, mode] = (step.loss, step.reported, {name: p.grad.full_tensor() for name, p in model.named_parameters()})
     return results
 
 
@@ -138,13 +139,42 @@ def sp_world():
 
 
 @pytest.mark.parametrize("sp", SP_DEGREES, ids=lambda s: f"sp{s}")
-@pytest.mark.parametrize("mode", SP_MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", SP_MODES[:2], ids=lambda m: m.value)
 def test_sequence_parallel_gradients_match_reference(sp_world, reference, sp, mode):
     """W = 4 = dp * sp: `sum` gives dL and `local` dL / 4 whatever the split into dp and sp."""
     ref_loss, ref_grads = reference
-    loss, grads = sp_world[sp, mode]
+    loss, _, grads = sp_world[sp, mode]
     assert loss == pytest.approx(sp_world[1, mode][0], rel=1e-5)
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     factor = FACTOR[mode](4)
     for name, ref_grad in ref_grads.items():
         torch.testing.assert_close(grads[name], ref_grad * factor, msg=lambda m: f"sp={sp} {mode.value} {name}: {m}")
+
+
+def mean_of_means_reference(dp: int, grad_accum: int) -> tuple[float, dict]:
+    """The whole-sequence rule in one process: each micro-batch's token mean, averaged over the dp * M of them."""
+    cfg = run_config(**CFG)
+    batch = _step_one(cfg)
+    model = build_model(cfg.model, cfg.seed)
+    shards = dp * grad_accum
+    means = [
+        F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        for inputs, labels in zip(batch.inputs.chunk(shards), batch.labels.chunk(shards))
+    ]
+    loss = torch.stack(means).mean()
+    loss.backward()
+    return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("sp", SP_DEGREES, ids=lambda s: f"sp{s}")
+def test_mean_of_means_under_sp_is_the_whole_sequence_rule(sp_world, reference, sp):
+    """sp chunks of one micro-batch share its whole-sequence token count: the rule does not depend on sp."""
+    dp = 4 // sp
+    want_loss, want_grads = mean_of_means_reference(dp, 1)
+    loss, reported, grads = sp_world[sp, Reduction.mean_of_means]
+    assert loss == pytest.approx(reference[0], rel=1e-5)  # `loss` is always the true L
+    assert reported == pytest.approx(want_loss, rel=1e-5)
+    for name, want in want_grads.items():
+        torch.testing.assert_close(grads[name], want, msg=lambda m: f"sp={sp} {name}: {m}")
+    if dp > 1:  # unequal counts over the dp micro-batches: not the token mean
+        assert abs(reported - reference[0]) / reference[0] > 1e-4
