@@ -1,12 +1,23 @@
 """What each mode costs in communication and step time (comm.csv).
 
-Per run, per optimizer step (means over its logged steps):
+Per run, per optimizer step (means over the steps whose collectives were counted):
 - loss_*: the all-reduces of forward/backward (`loss_comm` in metrics.jsonl),
   i.e. the valid-token count N and the mode's own loss collectives;
 - total_*: every collective the counter saw (FSDP's all-gathers and
   reduce-scatters, Ulysses' all-to-alls, the grad-norm all-reduce, the loss's);
-- step_ms_median, and `overhead_vs_local`: mean step time over that of the
-  `local` run of the same group, with a 95% bootstrap confidence interval.
+- *_latency_ms: the counter's issue-to-completion latency, which includes
+  waiting for the slowest peer to arrive: not the collective's own cost
+  (that is the floor, `runner.floor`); peer_skew_ms_median is that wait's
+  measure at the step's first collective;
+- step_ms_median (the world's step time), and `overhead_vs_local`: mean step
+  time over that of the `local` runs paired with it, with a 95% bootstrap CI.
+
+This overhead compares jobs that ran one after another, so a change in machine
+load between them is in it and the CI (over steps within each job) does not
+cover it: the cost the report states comes from the interleaved measurement
+(`analysis.cost`), not from here. A run is paired with the completed `local`
+runs of its group that match it on everything that changes the cost (the
+collective counter's settings too); repeats of that `local` are averaged.
 
 The first WARMUP_STEPS steps (allocator and thread-pool warm-up) are left out
 of the step-time statistics. The bootstrap is the Poisson one: each resample
@@ -29,10 +40,12 @@ CONFIDENCE = 0.95
 
 COLUMNS = [
     "group", "group_label", "reduction", "layout", "world_size", "sp", "grad_accum", "status",
-    "loss_all_reduce_calls", "loss_all_reduce_bytes", "loss_all_reduce_ms",
-    "total_calls", "total_bytes", "total_comm_ms", "extra_loss_calls_vs_local",
-    "step_ms_median", "overhead_vs_local", "overhead_ci_low", "overhead_ci_high",
+    "loss_all_reduce_calls", "loss_all_reduce_bytes", "loss_all_reduce_latency_ms",
+    "total_calls", "total_bytes", "total_comm_latency_ms", "extra_loss_calls_vs_local",
+    "step_ms_median", "peer_skew_ms_median", "overhead_vs_local", "overhead_ci_low", "overhead_ci_high",
 ]
+# Config keys outside the comparison group that still change a run's step time.
+COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every")
 
 
 def _bootstrap_means(times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -45,16 +58,24 @@ def _bootstrap_means(times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return totals / counts
 
 
+def _averaging(codes: np.ndarray, n_keys: int, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([key, run] weights averaging each key's member runs, whether each run's key has a member)."""
+    weights = np.zeros((n_keys, len(codes)))
+    weights[codes[member], np.flatnonzero(member)] = 1.0
+    count = weights.sum(axis=1)
+    return weights / np.maximum(count, 1)[:, None], count[codes] > 0
+
+
 def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     fields = {
         "loss_all_reduce_calls": "loss_comm_calls",
         "loss_all_reduce_bytes": "loss_comm_bytes",
-        "loss_all_reduce_ms": "loss_comm_seconds",
+        "loss_all_reduce_latency_ms": "loss_comm_seconds",
         "total_calls": "comm_total_calls",
         "total_bytes": "comm_total_bytes",
-        "total_comm_ms": "comm_total_seconds",
+        "total_comm_latency_ms": "comm_total_seconds",
     }
-    logged, a = step_arrays(steps, runs["run"], [*fields.values(), "step_time_s"])
+    logged, a = step_arrays(steps, runs["run"], [*fields.values(), "step_time_s", "peer_skew_s"])
     out = runs[["group", "group_label", "reduction", "layout", "world_size", "sp", "grad_accum", "status"]].copy()
     with warnings.catch_warnings():  # runs without a field (or without steps) give NaN, not a warning
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -67,26 +88,37 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
     times[~logged] = np.nan
     enough = np.isfinite(times).sum(axis=1) >= 2
     out["step_ms_median"] = np.where(enough, np.nanmedian(np.where(enough[:, None], times, 0), axis=1) * 1e3, np.nan)
+    skew = np.where(logged, a["peer_skew_s"], np.nan)
+    skew[:, :WARMUP_STEPS] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out["peer_skew_ms_median"] = np.nanmedian(skew, axis=1) * 1e3 if skew.size else np.nan
 
-    # Each run against the completed `local` run of its group.
-    position = pd.Series(np.arange(len(runs)), index=runs.index)
-    local = runs[(runs["reduction"] == "local") & (runs["status"] == "completed")].drop_duplicates("group")
-    partner = runs["group"].map(pd.Series(position[local.index].to_numpy(), index=local["group"])).fillna(-1).astype(int)
-    partner = partner.to_numpy()
-    out["extra_loss_calls_vs_local"] = np.where(
-        partner >= 0, out["loss_all_reduce_calls"] - out["loss_all_reduce_calls"].to_numpy()[partner], np.nan
-    )
+    # Each run against the completed `local` runs that match it on everything that changes the cost.
+    key = runs["group"].astype(str)
+    for column in COST_KEYS:
+        if column in runs:
+            key = key + "|" + runs[column].astype(str)
+    codes, keys = pd.factorize(key)
+    completed_local = ((runs["reduction"] == "local") & (runs["status"] == "completed")).to_numpy()
+    call_members, call_partner = _averaging(codes, len(keys), completed_local)
+    time_members, has_partner = _averaging(codes, len(keys), completed_local & enough)
+    calls = out["loss_all_reduce_calls"].to_numpy(dtype=float)
+    counted = np.isfinite(calls)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        local_calls = (call_members @ np.where(counted, calls, 0.0)) / (call_members @ counted.astype(float))
+    out["extra_loss_calls_vs_local"] = np.where(call_partner, calls - local_calls[codes], np.nan)
     rng = np.random.default_rng(seed)
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(times, axis=1) if times.size else np.full(len(runs), np.nan)
-        run_means, local_means = _bootstrap_means(times, rng), _bootstrap_means(times, rng)
-        paired = (partner >= 0) & enough & enough[np.maximum(partner, 0)]
-        p = np.maximum(partner, 0)
-        ratios = run_means / local_means[:, p]
+        run_means, local_runs = _bootstrap_means(times, rng), _bootstrap_means(times, rng)
+        local_means = np.nan_to_num(local_runs) @ time_members.T  # [resample, key]
+        paired = has_partner & enough
+        ratios = run_means / local_means[:, codes]
         tail = (1 - CONFIDENCE) / 2 * 100
         low, high = np.nanpercentile(ratios, [tail, 100 - tail], axis=0) if len(runs) else (np.array([]), np.array([]))
-        out["overhead_vs_local"] = np.where(paired, mean / mean[p], np.nan)
+        out["overhead_vs_local"] = np.where(paired, mean / (time_members @ np.nan_to_num(mean))[codes], np.nan)
     out["overhead_ci_low"] = np.where(paired, low, np.nan)
     out["overhead_ci_high"] = np.where(paired, high, np.nan)
     return out[COLUMNS].reset_index(drop=True)

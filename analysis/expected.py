@@ -6,8 +6,13 @@
   (equivalent at W=1). Whether their loss curves still match is a finding, not
   a requirement: it depends on the optimizer and clipping.
 - mean_of_means: a differently weighted gradient whenever the valid-token
-  counts of the W * grad_accum micro-batch shards vary, i.e. with padded
-  documents (data.packing=false) and more than one shard; else equivalent.
+  counts of the dp * grad_accum micro-batches vary, else equivalent. Decided
+  from the data: the runner logs each step's fewest and most valid tokens of a
+  micro-batch (`micro_batch_tokens_min/max`). Counts that differ at step 1 make
+  "different" the expectation; counts equal at every step make it
+  "equivalent"; counts that differ only later allow either. Runs that predate
+  those fields fall back to the config: padded documents (data.packing=false)
+  and more than one micro-batch.
 """
 
 from __future__ import annotations
@@ -20,25 +25,41 @@ from analysis.compare import NOT_RUN, Tolerances, factor_label
 SAME = {"reference", "identical", "equivalent"}
 
 
-def expected_verdicts(runs: pd.DataFrame, verdicts: pd.DataFrame, tol: Tolerances) -> pd.DataFrame:
+def token_counts_vary(runs: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[pd.Series, pd.Series]:
+    """(vary at step 1, vary at some step) per run, from the logged micro-batch token range (or the config)."""
+    micro_batches = runs["world_size"] / runs["sp"].fillna(1) * runs["grad_accum"]
+    from_config = ~runs["data.packing"].astype(bool) & (micro_batches > 1)
+    at_first, anywhere = from_config.copy(), from_config.copy()
+    if steps is not None and {"micro_batch_tokens_min", "micro_batch_tokens_max"} <= set(steps.columns):
+        logged = steps.dropna(subset=["micro_batch_tokens_min", "micro_batch_tokens_max"])
+        varies = logged["micro_batch_tokens_min"] != logged["micro_batch_tokens_max"]
+        by_run = varies.groupby(logged["run"], observed=True)
+        first = varies[logged["step"] == 1].groupby(logged.loc[logged["step"] == 1, "run"], observed=True).any()
+        known = runs["run"].isin(by_run.any().index)
+        at_first = at_first.where(~known, runs["run"].map(first).fillna(False).astype(bool))
+        anywhere = anywhere.where(~known, runs["run"].map(by_run.any()).fillna(False).astype(bool))
+    return at_first.astype(bool), anywhere.astype(bool)
+
+
+def expected_verdicts(runs: pd.DataFrame, verdicts: pd.DataFrame, tol: Tolerances, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """`expected` (text) and `as_expected` (bool; NA for jobs that never ran) per run."""
     mode = runs["reduction"]
-    shards = runs["world_size"] * runs["grad_accum"]
-    varying_counts = ~runs["data.packing"].astype(bool) & (shards > 1)
+    varies_at_first, varies_anywhere = token_counts_vary(runs, steps)
     rescaled_expected = mode.isin(["local", "detached"]) & (runs["world_size"] > 1)
-    different_expected = (mode == "mean_of_means") & varying_counts
+    different_expected = (mode == "mean_of_means") & varies_at_first
+    either_expected = (mode == "mean_of_means") & ~varies_at_first & varies_anywhere
 
     verdict = verdicts["verdict"]
     factor_ok = (verdicts["factor"] * runs["world_size"] - 1).abs() <= tol.scale_rtol
     as_expected = np.select(
-        [rescaled_expected, different_expected],
-        [(verdict == "rescaled") & factor_ok, verdict == "different"],
+        [rescaled_expected, different_expected, either_expected],
+        [(verdict == "rescaled") & factor_ok, verdict == "different", verdict.isin(SAME | {"different"})],
         default=verdict.isin(SAME),
     )
     out = pd.DataFrame(index=runs.index)
     out["expected"] = np.select(
-        [rescaled_expected, different_expected],
-        ["rescaled ×" + (1 / runs["world_size"]).map(factor_label), "different"],
+        [rescaled_expected, different_expected, either_expected],
+        ["rescaled ×" + (1 / runs["world_size"]).map(factor_label), "different", "equivalent or different"],
         default="equivalent",
     )
     out["as_expected"] = pd.array(as_expected, dtype="boolean")

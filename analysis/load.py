@@ -41,6 +41,12 @@ REQUIRED_CONFIG = {
 class Sweeps:
     runs: pd.DataFrame
     steps: pd.DataFrame
+    # Interleaved cost jobs (`cost.modes` set): one row each, with `path`; not runs to compare.
+    cost_jobs: pd.DataFrame | None = None
+
+
+def is_cost_job(row: dict) -> bool:
+    return bool(row.get("cost.modes"))
 
 
 def newest_sweep(root: Path = Path("multirun")) -> Path:
@@ -155,8 +161,8 @@ def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFr
         steps = pd.concat([steps, pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])])], axis=1)
     for field in ("calls", "bytes", "seconds"):
         kinds = [c for c in steps.columns if c.startswith("comm_") and c.endswith(f"_{field}")]
-        if kinds:
-            steps[f"comm_total_{field}"] = steps[kinds].fillna(0).sum(axis=1)
+        if kinds:  # NaN on steps whose collectives were not counted (the runner samples steps)
+            steps[f"comm_total_{field}"] = steps[kinds].sum(axis=1, min_count=1)
     return steps
 
 
@@ -172,6 +178,12 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     # core, so that one parses while the other holds the GIL for YAML).
     with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
         loaded = list(pool.map(lambda args: _load_job(*args), jobs))
+    cost_jobs = pd.DataFrame(
+        [{**row, "path": str(sweep / job.name)} for (row, _), (sweep, job) in zip(loaded, jobs) if is_cost_job(row)]
+    )
+    loaded = [(row, table) for row, table in loaded if not is_cost_job(row)]
+    if not loaded:
+        raise FileNotFoundError(f"no training jobs in {', '.join(map(str, sweeps))} (only cost measurements)")
     runs = pd.DataFrame([row for row, _ in loaded])
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
@@ -182,7 +194,7 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs["steps_logged"] = runs["run"].map(logged).fillna(0).astype(int)
     runs["diverged_at"] = runs["run"].map(first_bad).astype(float)
     runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
-    return Sweeps(runs=runs, steps=steps)
+    return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs)
 
 
 def tidy(sweeps: Sweeps) -> pa.Table:

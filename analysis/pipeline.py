@@ -2,7 +2,8 @@
 
 Writes into `out`: runs.parquet (every step with its run's config and status),
 verdicts.csv (one row per run: its baseline, the measures, the verdict and the
-expected one), invariance.csv, comm.csv, report.md and the PNG plots.
+expected one), invariance.csv, comm.csv, cost.csv and floor.csv (when the
+sweep holds an interleaved cost job), report.md and the PNG plots.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 
 from analysis import plots
 from analysis.comm import comm_table
+from analysis.cost import cost_table, floor_table
 from analysis.compare import Tolerances, measure, verdicts
 from analysis.expected import expected_verdicts
 from analysis.groups import assign_groups
@@ -38,6 +40,7 @@ class Analysis:
     verdicts: pd.DataFrame
     invariance: pd.DataFrame
     comm: pd.DataFrame
+    cost: pd.DataFrame  # the interleaved measurement, one row per (cost job, mode)
     answer: str
     report: Path
     wandb_dir: Path | None
@@ -70,7 +73,7 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
 
     measures, curves = measure(runs, loaded.steps, tol)
     judged = verdicts(runs, measures, tol)
-    table = pd.concat([runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol)], axis=1)
+    table = pd.concat([runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol, loaded.steps)], axis=1)
     clip_by_run = measures["clip_active_frac"].set_axis(runs["run"])
     table.insert(table.columns.get_loc("clip_active_frac") + 1, "baseline_clip_frac", runs["baseline"].map(clip_by_run))
     table.to_csv(out / "verdicts.csv", index=False)
@@ -81,6 +84,11 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
     layout_table.to_csv(out / "invariance.csv", index=False)
     comm = comm_table(runs, loaded.steps)
     comm.to_csv(out / "comm.csv", index=False)
+    cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None else pd.DataFrame()
+    cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
+    if len(cost_jobs):
+        cost.to_csv(out / "cost.csv", index=False)
+        floor.to_csv(out / "floor.csv", index=False)
     clock("invariance and communication")
 
     pngs = []
@@ -92,14 +100,18 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
             pngs.append(plots.gradient_direction(runs, curves["sketch_cos"], out))
         if comm["overhead_vs_local"].notna().any():
             pngs.append(plots.comm_overhead(comm, out))
+        if len(cost):
+            pngs.append(plots.interleaved_cost(cost, out))
     clock("plots")
-    answer = opening(runs, table, comm, layout_summary)
-    report = write_report(out, sweeps, runs, table, comm, layout_table, layout_summary, pngs, tol)
+    answer = opening(runs, table, comm, layout_summary, cost)
+    report = write_report(out, sweeps, runs, table, comm, layout_table, layout_summary, pngs, tol, cost, floor)
     clock("report")
     tables = {"verdicts": table, "invariance": layout_table, "comm": comm}
+    if len(cost):
+        tables.update(cost=cost, floor=floor)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
     parquet_written.result()
     writer.shutdown()
     clock("runs.parquet (rest of the write)")
-    return Analysis(out, runs, table, layout_table, comm, answer, report, wandb_dir, clock.timings)
+    return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, clock.timings)

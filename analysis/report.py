@@ -122,24 +122,71 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
     return text
 
 
-def _cost_sentence(comm: pd.DataFrame) -> str:
-    pairs = comm[comm["reduction"].isin(["sum", "detached"]) & comm["overhead_vs_local"].notna()]
-    if pairs.empty:
-        return ""
-    lines = []
-    for mode, rows in pairs.groupby("reduction", sort=False):
-        calls = rows["extra_loss_calls_vs_local"]
-        plural = "" if calls.max() == 1 else "s"
-        if calls.isna().all():
-            calls_text = "loss collectives not recorded"
-        elif (calls == 0).all():
-            calls_text = "as many loss all-reduces per step as `local`"
-        else:
-            calls_text = f"{_range(calls, '.0f')} more loss all-reduce{plural} per step than `local`"
-        ratio = rows["overhead_vs_local"]
-        ci = f"[{rows['overhead_ci_low'].min():.2f}, {rows['overhead_ci_high'].max():.2f}]"
-        lines.append(f"`{mode}` issues {calls_text} and takes {_range(ratio, '.2f')}× `local`'s step time (95% CI {ci})")
-    return "Cost: " + "; ".join(lines) + "."
+def _calls_clause(comm: pd.DataFrame) -> str:
+    """How many more loss all-reduces per step `sum` and `detached` issue than `local` (exact counts)."""
+    parts = []
+    for mode in ("sum", "detached"):
+        calls = comm.loc[comm["reduction"] == mode, "extra_loss_calls_vs_local"].dropna()
+        if len(calls):
+            parts.append(
+                f"`{mode}` issues {_range(calls, '.0f')} more loss all-reduce{'' if calls.max() == 1 else 's'} per step than `local`"
+                if (calls != 0).any() else f"`{mode}` as many loss all-reduces per step as `local`"
+            )
+    return "; ".join(parts)
+
+
+def _interleaved_clause(job: pd.DataFrame) -> str:
+    """The cost of one interleaved measurement, stated only where its null control resolves it."""
+    first = job.iloc[0]
+    layout = f"DP({int(first['world_size'] // first['sp'])})-SP({int(first['sp'])})-GA({int(first['grad_accum'])})"
+    head = (
+        f"measured interleaved in one {layout} world ({int(first['steps'])} paired steps after warm-up, "
+        f"median ratio to `local`'s forward+backward with a 95% block-bootstrap CI)"
+    )
+    null = job[job["role"] == "null control"]
+    nulls = ", ".join(f"`{r['mode']}` {r['ratio']:.3f}× [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for _, r in null.iterrows())
+    if null.empty:
+        return head + ": no null control (`fsdp_sum`, `scaled`) was measured, so no cost is stated"
+    if (job["verdict"] == "null control failed").any():
+        return (
+            head + f": the null control failed ({nulls}: the same work as `local`, yet a CI that excludes 1), "
+            "so this machine's noise is not under control and no mode's cost is stated; rerun on a quieter machine"
+        )
+    parts = [head + f": the null control passes ({nulls}), so differences beyond ±{first['resolution'] * 100:.1f}% are resolved"]
+    for _, row in job[job["role"] == "mode"].iterrows():
+        mode = row["mode"]
+        explains = {
+            "yes": ", within the measured extra time's CI",
+            "no: more than the collectives": ", below the measured extra time's CI: the collectives do not explain all of it",
+            "no: less than the floor": ", above the measured extra time's CI",
+        }
+        floor = (
+            f"; the floor predicts {row['predicted_extra_ms']:+.2f} ms ({row['extra_calls']})" + explains.get(row["floor_explains"], "")
+            if np.isfinite(row["predicted_extra_ms"]) else ""
+        )
+        if row["verdict"] == "resolved":
+            parts.append(
+                f"`{mode}` takes {row['extra_ms']:+.2f} ms per step ({row['ratio']:.3f}×, 95% CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}])" + floor
+            )
+        elif mode in ("sum", "detached"):
+            parts.append(
+                f"`{mode}`'s overhead is not resolvable on this machine ({row['ratio']:.3f}×, CI [{row['ci_low']:.3f}, "
+                f"{row['ci_high']:.3f}] within the null control's reach)" + floor
+            )
+    return "; ".join(parts)
+
+
+def _cost_sentence(comm: pd.DataFrame, cost: pd.DataFrame) -> str:
+    calls = _calls_clause(comm)
+    if cost is None or cost.empty:
+        if not calls:
+            return ""
+        return (
+            f"Cost: {calls}. Their time cost is not measured in this sweep: step times of jobs run one after another "
+            "differ by machine load as much as by mode (`python -m runner experiment=cost` measures it interleaved)."
+        )
+    clauses = [_interleaved_clause(job) for _, job in cost.groupby("job", sort=False)]
+    return "Cost: " + (calls + ". Time, " if calls else "time, ") + " Also, ".join(clauses) + "."
 
 
 def _invariance_sentence(summary: pd.DataFrame) -> str:
@@ -157,7 +204,9 @@ def _invariance_sentence(summary: pd.DataFrame) -> str:
     return "Layouts at a fixed global batch: " + "; ".join(parts) + "."
 
 
-def opening(runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance_summary: pd.DataFrame) -> str:
+def opening(
+    runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance_summary: pd.DataFrame, cost: pd.DataFrame | None = None
+) -> str:
     """The report's first section: the answer, from the numbers."""
     ran = runs[~runs["status"].isin(NOT_RUN) & runs["optim.name"].notna()]
     optimizers = ", ".join(sorted(ran["optimizer"].unique()))
@@ -173,10 +222,21 @@ def opening(runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, inva
         sentence = _mode_sentence(mode, verdicts[verdicts["reduction"] == mode])
         if sentence:
             lines.append(sentence)
-    for extra in (_conclusion(verdicts), _invariance_sentence(invariance_summary), _cost_sentence(comm)):
+    for extra in (_conclusion(verdicts), _invariance_sentence(invariance_summary), _cost_sentence(comm, cost)):
         if extra:
             lines += ["", extra]
     return "\n".join(lines) + "\n"
+
+
+def _cost_rows(cost: pd.DataFrame | None) -> pd.DataFrame:
+    if cost is None or cost.empty:
+        return pd.DataFrame()
+    columns = {
+        "mode": "mode", "role": "role", "local_ms": "local ms", "ratio": "ratio", "ci_low": "CI low", "ci_high": "CI high",
+        "extra_ms": "extra ms", "extra_ci_low": "extra CI low", "extra_ci_high": "extra CI high", "verdict": "verdict",
+        "predicted_extra_ms": "floor predicts ms", "floor_explains": "floor explains", "block": "block",
+    }
+    return cost[list(columns)].rename(columns=columns)
 
 
 def _table(frame: pd.DataFrame, empty: str = "(none)") -> str:
@@ -192,6 +252,7 @@ def _by_mode(frame: pd.DataFrame) -> pd.DataFrame:
 def write_report(
     out: Path, sweeps: list[Path], runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame,
     invariance: pd.DataFrame, invariance_summary: pd.DataFrame, plots: list[Path], tol: Tolerances,
+    cost: pd.DataFrame | None = None, floor: pd.DataFrame | None = None,
 ) -> Path:
     verdict_columns = {
         "group_label": "group", "reduction": "mode", "verdict_text": "verdict", "expected": "expected",
@@ -205,7 +266,7 @@ def write_report(
     sections = [
         f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}",
         "",
-        opening(runs, verdicts, comm, invariance_summary),
+        opening(runs, verdicts, comm, invariance_summary, cost),
         "## Verdicts",
         "",
         _table(ordered[list(verdict_columns)].rename(columns=verdict_columns)),
@@ -229,10 +290,30 @@ def write_report(
         "",
         _table(_by_mode(comm).drop(columns=["group", "status", "layout", "world_size", "sp", "grad_accum"])),
         "",
-        "Loss all-reduces: those of forward/backward (the valid-token count N and the mode's own); "
-        f"step time: mean over the steps after the first {WARMUP_STEPS}, against `local` of the same group. "
-        "The confidence interval covers step-to-step noise within each job; jobs of a sweep run one after "
-        "another, so a change in machine load between them is not in it (rerun on a quiet machine to confirm).",
+        "Loss all-reduces: those of forward/backward (the valid-token count N and the mode's own), counted "
+        "exactly on the sampled steps. Latency: the counter's issue-to-completion time, which includes waiting "
+        "for the slowest peer (peer skew: the spread of the ranks' arrival at the step's first collective), "
+        "so it is not a collective's own cost (see the floor below). Step time: the world's (slowest rank's), "
+        f"mean over the steps after the first {WARMUP_STEPS}, against the matching `local` runs. Those ran as "
+        "other jobs, minutes apart: the ratio holds machine drift, which its CI (over steps) does not cover, "
+        "and the report states no cost from it.",
+        "",
+        "## Cost, measured interleaved",
+        "",
+        _table(
+            _cost_rows(cost),
+            "(no interleaved cost job in this sweep: `python -m runner experiment=cost`, or `make run`, measures it)",
+        ),
+        "",
+        "Each step ran every mode on the same micro-batches and model state, in a random order, each after a "
+        "barrier; a mode's time is the slowest rank's forward+backward. ratio: median over steps of its time "
+        "over `local`'s on the same step; extra: median paired difference; 95% CIs from a moving-block "
+        "bootstrap (blocks of `block` steps). `fsdp_sum` and `scaled` do `local`'s work: their CIs must hold 1, "
+        "and how far they reach from it is what the measurement can resolve.",
+        "",
+        "Floor: a scalar all-reduce timed alone after a barrier (slowest rank, per call):",
+        "",
+        _table(floor if floor is not None else pd.DataFrame(), "(not measured)"),
         "",
         "## Plots",
         "",

@@ -38,6 +38,7 @@ class SyntheticRun:
     diverge_at: int | None = None  # the step whose loss and grad norm are not finite
     fail_after: int | None = None  # a failed run logged this many steps
     overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
+    step_time_factor: float = 1.0  # every step takes this many times as long (e.g. a counter that costs time)
 
     @property
     def job_name(self) -> str:
@@ -95,21 +96,24 @@ def _records(run: SyntheticRun) -> list[dict]:
     # (sum: 2 per micro-batch, detached: 1 per micro-batch, the others: 1 per step).
     loss_calls = 1 + {"sum": 2 * run.grad_accum, "detached": run.grad_accum}.get(run.reduction, 1)
     timing = np.random.default_rng([run.seed, run.world_size, len(run.reduction)])
+    packed = bool((run.overrides or {}).get("data.packing", False))
     records = []
     for i in range(logged):
         step = i + 1
         finite = step != run.diverge_at
-        step_time = 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
+        step_time = run.step_time_factor * 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
+        counted = step <= 3 or step % 20 == 0 or step == run.steps  # as the runner samples (metrics.count_*)
         all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
         records.append(
             {
                 "step": step, "dp": run.world_size // run.sp, "sp": run.sp, "tokens": 1000 * step, "valid_tokens": 1000,
+                "micro_batch_tokens_min": 250 if packed else 200, "micro_batch_tokens_max": 250 if packed else 300,
                 "loss": float(loss[i]) if finite else None, "reported_loss": float(loss[i]) if finite else None,
                 "grad_norm": float(grad_norm[i]) if finite else None,
                 "clip_coef": min(1.0, 1.0 / (float(grad_norm[i]) + 1e-6)), "lr": 3e-3,
-                "step_time_s": step_time, "tokens_per_s": 1000 / step_time,
-                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce},
-                "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls},
+                "step_time_s": step_time, "peer_skew_s": 1e-4, "tokens_per_s": 1000 / step_time,
+                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce} if counted else None,
+                "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls} if counted else None,
                 "grad_sketch": sketch[i].tolist() if finite else [float("nan")] * SKETCH_DIM,
             }
         )
@@ -136,3 +140,36 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
         summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
         (job / "summary.json").write_text(json.dumps(summary))
     return sweep
+
+
+def write_cost_job(
+    job: Path, ratios: dict[str, float], steps: int = 150, noise: float = 0.02, drift_from: int | None = None,
+    local_s: float = 0.03, seed: int = 0, world_size: int = 2, grad_accum: int = 2,
+) -> Path:
+    """An interleaved cost job (runner.cost's files) whose arms take `ratios[mode]` x local's time.
+
+    Every step has its own load factor (1, or 3 from `drift_from` on, as when another
+    process starts), shared by all arms of that step; each arm adds its own noise.
+    """
+    job.mkdir(parents=True)
+    modes = ["local", *ratios]
+    cfg = OmegaConf.structured(RunConfig)
+    for key, value in {"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "cost.modes": modes,
+                       "wandb.mode": "disabled"}.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    (job / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    rng = np.random.default_rng(seed)
+    collectives = {m: {"plain": 1, "functional": 1, "differentiable": 0} for m in modes}
+    collectives["sum"] = {"plain": 1, "functional": 0, "differentiable": grad_accum}
+    with (job / "metrics.jsonl").open("w") as out:
+        for step in range(1, steps + 1):
+            load = 3.0 if drift_from is not None and step >= drift_from else 1.0
+            times = {m: local_s * load * {"local": 1.0, **ratios}[m] * (1 + noise * rng.standard_normal()) for m in modes}
+            record = {"step": step, "loss": 3.0, "grad_norm": 1.0, "cost_s": times, "cost_order": modes,
+                      "loss_collectives": collectives if step == 1 else None}
+            out.write(json.dumps(record) + "\n")
+    floor = {kind: {"median_s": 2e-4, "p90_s": 3e-4, "calls": 1000} for kind in ("plain", "functional")}
+    floor["differentiable"] = {"median_s": 1e-3, "p90_s": 1.5e-3, "calls": 1000}
+    (job / "floor.json").write_text(json.dumps({**floor, "world_size": world_size, "backend": "gloo"}))
+    (job / "summary.json").write_text(json.dumps({"status": "completed", "error": None, "steps_done": steps}))
+    return job

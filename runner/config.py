@@ -106,8 +106,24 @@ class MetricsConfig:
     sketch_dim: int = 8
     # Fixed apart from `seed`, so that sketches of different runs compare.
     sketch_seed: int = 1234
-    # Count every collective (a torch dispatch mode; 1.2-1.4x step time on the tiny model on CPU, see bench/).
+    # Count collectives (a torch dispatch mode: one Python call per dispatched op) on a
+    # sample of steps: the first `count_first`, every `count_every`-th and the last.
+    # Calls and bytes are the same every step; count_every=1 counts every step.
     count_comm: bool = True
+    count_first: int = 3
+    count_every: int = 20
+
+
+@dataclass
+class CostConfig:
+    # Non-empty: this job measures these modes' cost, interleaved in one world
+    # (`runner.cost`), and trains on `reduction`'s gradients. Must include `local`
+    # (the baseline) and `reduction`; `fsdp_sum` and `scaled` are the null controls.
+    modes: list[Reduction] = field(default_factory=list)
+    # Steps left out of every cost figure (allocator and thread-pool warm-up).
+    warmup_steps: int = 5
+    # Calls per kind in the collective-floor microbenchmark at the job's start; 0 skips it.
+    floor_calls: int = 1000
 
 
 @dataclass
@@ -126,6 +142,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
 
 
 def register_configs() -> None:

@@ -12,6 +12,7 @@ from runner.wandb_run import wandb_payload
 
 class MetricLogger:
     def __init__(self, path: Path, wandb_run=None):
+        self.path = path
         self.file = path.open("a")
         self.wandb_run = wandb_run
 

@@ -58,11 +58,21 @@ def parallelize(model: Decoder, meshes: Meshes, mode: Reduction) -> Decoder:
         fully_shard(block, mesh=meshes.fsdp)
     fully_shard(model, mesh=meshes.fsdp)
     if fsdp_sums_gradients(mode):
-        # Both setters act on one FSDP module only, so apply them to every one.
-        # Divide factor 1.0 alone asks for PREMUL_SUM, which gloo lacks;
-        # forcing SUM-only comms makes it a plain SUM on every backend.
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
+        set_gradient_reduction(model, mode, meshes.fsdp.size())
     return model
+
+
+def set_gradient_reduction(model: Decoder, mode: Reduction, world_size: int) -> None:
+    """FSDP's gradient reduction for `mode`: a true sum for `fsdp_sum`, else the mean over W.
+
+    Both setters act on one FSDP module only, so apply them to every one.
+    Divide factor 1.0 alone asks for PREMUL_SUM, which gloo lacks; forcing
+    SUM-only comms makes it a plain SUM on every backend. The mean is divide
+    factor W without forced SUM, which FSDP turns into ReduceOp.AVG as by default.
+    (The cost measurement switches one model between modes with this.)
+    """
+    summing = fsdp_sums_gradients(mode)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0 if summing else float(world_size))
+            module.set_force_sum_reduction_for_comms(summing)

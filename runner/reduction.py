@@ -62,6 +62,20 @@ def fsdp_sums_gradients(mode: Reduction) -> bool:
     return mode is Reduction.fsdp_sum
 
 
+def loss_collectives(mode: Reduction, grad_accum: int) -> dict[str, int]:
+    """The all-reduces of one step's forward/backward, by kind (`runner.floor` times each kind).
+
+    plain: N's `dist.all_reduce`; functional: a waited `funcol.all_reduce`
+    (detached's per micro-batch, the others' one per step in `finish_step`);
+    differentiable: a forward + backward pair (sum's per micro-batch).
+    """
+    if mode is Reduction.sum:
+        return {"plain": 1, "functional": 0, "differentiable": grad_accum}
+    if mode is Reduction.detached:
+        return {"plain": 1, "functional": grad_accum, "differentiable": 0}
+    return {"plain": 1, "functional": 1, "differentiable": 0}
+
+
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """S_rm: summed (not averaged) cross-entropy over the valid targets."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")

@@ -1,7 +1,22 @@
 """The training loop of one rank, readable top to bottom.
 
 Every rank runs this same loop on its share of each step's global batch; rank
-0 alone writes metrics (JSONL + W&B) and progress lines.
+0 alone writes metrics (JSONL + W&B) and progress lines. A job with
+`cost.modes` set measures the modes' cost instead (`runner.cost`).
+
+What a step's timing means:
+- `step_time_s` is the world's step time: the slowest rank's forward/backward
+  plus optimizer time (one MAX all-reduce after the step, outside the timing).
+  A rank that waits in a collective for a slower peer, or for rank 0's logging
+  of the previous step, has that wait in its own time, so the maximum holds it.
+- `peer_skew_s` is the spread of the ranks' wall-clock arrival at the step's
+  first collective (the valid-token all-reduce): how long the earliest rank
+  waited for the latest there. Clocks agree on one machine; across nodes they
+  are only as close as NTP keeps them.
+
+Collectives are counted on a sample of steps (`metrics.count_first` and every
+`metrics.count_every`-th, and the last): their calls and bytes are the same
+every step, and counting costs a Python call per dispatched op.
 """
 
 from __future__ import annotations
@@ -12,10 +27,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from runner.comm import CollectiveCounter, add_counts
-from runner.data import GlobalBatches, load_documents, local_micro_batches
+from runner.data import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
 from runner.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
 from runner.metrics import MetricLogger, progress_line
@@ -23,6 +39,8 @@ from runner.model import build_model
 from runner.optim import build_optimizer, lr_at, set_lr
 from runner.parallel import Meshes, parallelize
 from runner.reduction import LossReducer, forward_backward
+
+NO_COMM = {"calls": 0, "bytes": 0, "seconds": 0.0}
 
 
 @dataclass
@@ -33,80 +51,125 @@ class TrainResult:
     error: str | None = None
 
 
-def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
-    layout = ParallelLayout.from_config(cfg)
-    rank_share = dict(dp=layout.dp, dp_rank=meshes.dp_rank, sp=layout.sp, sp_rank=meshes.sp_rank)
-    group = meshes.world_group
-    batches = GlobalBatches(
-        load_documents(cfg.data),
-        seq_len=cfg.train.seq_len,
-        global_batch=cfg.train.global_batch,
-        seed=cfg.seed,
-        packing=cfg.data.packing,
-    )
-    model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction)
-    optimizer = build_optimizer(model.parameters(), cfg.optim)
-    reducer = LossReducer(cfg.reduction, group, cfg.grad_accum)
-    sketch = GradientSketch(model, cfg.metrics.sketch_dim, cfg.metrics.sketch_seed) if cfg.metrics.sketch_dim else None
-    counter = CollectiveCounter() if cfg.metrics.count_comm else None
-    counting = counter if counter is not None else nullcontext()
+def counted_step(step: int, steps: int, metrics: DictConfig) -> bool:
+    """Whether the collective counter runs at `step` (counts are the same every step)."""
+    return step <= metrics.count_first or step % metrics.count_every == 0 or step == steps
 
-    steps = cfg.train.steps
-    tokens = 0
-    result = TrainResult(status="completed", steps_done=0, final_loss=None)
-    for step in range(1, steps + 1):
-        micro_batches = local_micro_batches(batches(step), grad_accum=cfg.grad_accum, **rank_share)
+
+def world_timing(elapsed_s: float, arrival_s: float, group: dist.ProcessGroup, device: torch.device) -> tuple[float, float]:
+    """(max over ranks of `elapsed_s`, spread of `arrival_s` over ranks): one MAX all-reduce of three numbers."""
+    values = torch.tensor([elapsed_s, arrival_s, -arrival_s], dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    slowest, latest, minus_earliest = values.tolist()
+    return slowest, latest + minus_earliest
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    """The model, data, optimizer and measurement of one rank; `step(t)` runs optimizer step t."""
+
+    def __init__(self, cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None = None):
+        self.cfg = cfg
+        self.device = device
+        self.logger = logger
+        self.layout = ParallelLayout.from_config(cfg)
+        self.group = meshes.world_group
+        self.rank_share = dict(dp=self.layout.dp, dp_rank=meshes.dp_rank, sp=self.layout.sp, sp_rank=meshes.sp_rank)
+        self.batches = GlobalBatches(
+            load_documents(cfg.data),
+            seq_len=cfg.train.seq_len,
+            global_batch=cfg.train.global_batch,
+            seed=cfg.seed,
+            packing=cfg.data.packing,
+        )
+        self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.reducer = LossReducer(cfg.reduction, self.group, cfg.grad_accum, sp=self.layout.sp)
+        metrics = cfg.metrics
+        self.sketch = GradientSketch(self.model, metrics.sketch_dim, metrics.sketch_seed) if metrics.sketch_dim else None
+        self.counter = CollectiveCounter() if metrics.count_comm else None
+        self.tokens = 0
+
+    def step(self, step: int) -> dict:
+        """Optimizer step `step` (1-based) on this rank; returns its metrics record (logged on rank 0)."""
+        cfg = self.cfg
+        batch = self.batches(step)
+        micro_batches = local_micro_batches(batch, grad_accum=cfg.grad_accum, **self.rank_share)
         lr = lr_at(step, cfg.optim)
-        set_lr(optimizer, lr)
+        set_lr(self.optimizer, lr)
+        counter = self.counter if self.counter is not None and counted_step(step, cfg.train.steps, cfg.metrics) else None
+        counting = counter if counter is not None else nullcontext()
 
+        arrival = time.time()  # wall clock, comparable between ranks: the first collective is N's all-reduce
         started = time.perf_counter()
         with counting:
-            step_loss = forward_backward(model, micro_batches, reducer, device)
+            step_loss = forward_backward(self.model, micro_batches, self.reducer, self.device)
+        synchronize(self.device)
         backward_done = time.perf_counter()
         # FSDP2 on one mesh moves parameters and gradients with all-gathers and
         # reduce-scatters, Ulysses moves activations with all-to-alls: every
         # all-reduce of forward/backward is the loss's (N and the mode's own).
-        forward_backward_comm = counter.take() if counter is not None else {}
+        forward_backward_comm = counter.take() if counter is not None else None
         # Measurement only: outside the counter and the step time.
-        grad_sketch = sketch(group) if sketch is not None else None
+        grad_sketch = self.sketch(self.group) if self.sketch is not None else None
         optimizer_started = time.perf_counter()
         with counting:
-            grad_norm, clip_coef = clip_gradients(model, cfg.optim.clip)
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_time = (backward_done - started) + (time.perf_counter() - optimizer_started)
+            grad_norm, clip_coef = clip_gradients(self.model, cfg.optim.clip)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+        rank_step_time = (backward_done - started) + (time.perf_counter() - optimizer_started)
+        step_time, skew = world_timing(rank_step_time, arrival, self.group, self.device)
 
-        tokens += step_loss.valid_tokens
-        comm = add_counts(forward_backward_comm, counter.take()) if counter is not None else {}
-        loss_comm = forward_backward_comm.get("all_reduce", {"calls": 0, "bytes": 0, "seconds": 0.0})
-        result.steps_done, result.final_loss = step, step_loss.loss
+        self.tokens += step_loss.valid_tokens
+        fewest, most = micro_batch_token_range(batch, dp=self.layout.dp, grad_accum=cfg.grad_accum)
         record = {
             "step": step,
-            "dp": layout.dp,
-            "sp": layout.sp,
-            "tokens": tokens,
+            "dp": self.layout.dp,
+            "sp": self.layout.sp,
+            "tokens": self.tokens,
             "valid_tokens": step_loss.valid_tokens,
+            "micro_batch_tokens_min": fewest,
+            "micro_batch_tokens_max": most,
             "loss": step_loss.loss,
             "reported_loss": step_loss.reported,
             "grad_norm": grad_norm,
             "clip_coef": clip_coef,
             "lr": lr,
             "step_time_s": step_time,
+            "rank_step_time_s": rank_step_time,
+            "peer_skew_s": skew,
             "tokens_per_s": step_loss.valid_tokens / step_time,
-            "comm": comm,
-            "loss_comm": loss_comm if counter is not None else {},
+            # Sampled steps only (null elsewhere): calls and bytes are the same every step.
+            "comm": add_counts(forward_backward_comm, counter.take()) if counter is not None else None,
+            "loss_comm": forward_backward_comm.get("all_reduce", NO_COMM) if counter is not None else None,
             "grad_sketch": grad_sketch,
         }
-        if logger is not None:
-            logger.log(record)
-            if step == 1 or step % cfg.train.log_every == 0 or step == steps:
-                print(progress_line(record, steps), flush=True)
+        if self.logger is not None:
+            self.logger.log(record)
+            if step == 1 or step % cfg.train.log_every == 0 or step == cfg.train.steps:
+                print(progress_line(record, cfg.train.steps), flush=True)
+        return record
+
+
+def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
+    if cfg.cost.modes:
+        from runner.cost import measure_cost
+
+        return measure_cost(cfg, meshes, device, logger)
+    trainer = Trainer(cfg, meshes, device, logger)
+    result = TrainResult(status="completed", steps_done=0, final_loss=None)
+    for step in range(1, cfg.train.steps + 1):
+        record = trainer.step(step)
+        result.steps_done, result.final_loss = step, record["loss"]
         # The loss and the norm are world-reduced, so every rank stops at the same step.
-        if not (math.isfinite(step_loss.loss) and math.isfinite(grad_norm)):
+        if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
             result.status = "diverged"
-            result.error = f"not finite at step {step}: loss {step_loss.loss}, grad_norm {grad_norm}"
+            result.error = f"not finite at step {step}: loss {record['loss']}, grad_norm {record['grad_norm']}"
             if logger is not None:
                 print(f"diverged: {result.error}", flush=True)
             break

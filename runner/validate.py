@@ -33,6 +33,8 @@ def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     problems += _model_problems(cfg.model)
     problems += _training_problems(cfg)
     problems += _data_problems(cfg.data)
+    problems += cost_problems(cfg)
+    problems += _count_problems(cfg.metrics)
     return problems
 
 
@@ -101,3 +103,31 @@ def machine_shortfall(cfg: DictConfig, cuda_devices: int) -> str | None:
             f"use world_size<={cuda_devices} or device=cpu"
         )
     return None
+
+
+def cost_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The interleaved cost measurement (`cost.modes`) needs its baseline and the mode it trains on."""
+    modes = [m.value for m in cfg.cost.modes]
+    if not modes:
+        return []
+    found = []
+    if "local" not in modes:
+        found.append(("cost.modes", f"cost.modes={modes} must include local (the baseline of every overhead)"))
+    if cfg.reduction.value not in modes:
+        found.append(("cost.modes", f"cost.modes={modes} must include reduction={cfg.reduction.value} (its gradients train the model)"))
+    if len(set(modes)) < len(modes):
+        found.append(("cost.modes", f"cost.modes={modes} names a mode twice; list each once"))
+    if cfg.cost.warmup_steps < 0 or cfg.cost.warmup_steps >= cfg.train.steps:
+        found.append(("cost.warmup_steps", f"cost.warmup_steps={cfg.cost.warmup_steps} must be >= 0 and < train.steps={cfg.train.steps}"))
+    if cfg.cost.floor_calls < 0:
+        found.append(("cost.floor_calls", f"cost.floor_calls={cfg.cost.floor_calls} must be >= 0 (0 skips the floor)"))
+    return found
+
+
+def _count_problems(metrics: DictConfig) -> list[tuple[str, str]]:
+    found = []
+    if metrics.count_first < 0:
+        found.append(("metrics.count_first", f"metrics.count_first={metrics.count_first} must be >= 0"))
+    if metrics.count_every < 1:
+        found.append(("metrics.count_every", f"metrics.count_every={metrics.count_every} must be >= 1 (1 counts every step)"))
+    return found

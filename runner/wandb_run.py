@@ -39,13 +39,16 @@ def start_wandb_run(cfg: DictConfig, job_dir: Path, *, name: str, group: str, ex
 
 
 def wandb_payload(record: dict[str, Any]) -> dict[str, Any]:
-    """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, loss_comm/<field>, grad_sketch/<k>."""
-    payload = {key: value for key, value in record.items() if key not in ("comm", "loss_comm", "grad_sketch")}
-    for kind, counts in record.get("comm", {}).items():
+    """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, loss_comm/<field>, grad_sketch/<k>, cost_s/<mode>."""
+    nested = ("comm", "loss_comm", "grad_sketch", "cost_s", "cost_order")
+    payload = {key: value for key, value in record.items() if key not in nested}
+    for kind, counts in (record.get("comm") or {}).items():  # null on steps that were not counted
         for field, value in counts.items():
             payload[f"comm/{kind}/{field}"] = value
-    for field, value in record.get("loss_comm", {}).items():
+    for field, value in (record.get("loss_comm") or {}).items():
         payload[f"loss_comm/{field}"] = value
+    for mode, seconds in (record.get("cost_s") or {}).items():
+        payload[f"cost_s/{mode}"] = seconds
     for index, value in enumerate(record.get("grad_sketch") or []):
         payload[f"grad_sketch/{index}"] = value
     return payload

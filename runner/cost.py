@@ -1,0 +1,131 @@
+"""What each reduction mode costs, measured interleaved inside one rank world (`cost.modes`).
+
+Jobs of a sweep run one after another, minutes apart, so comparing their step
+times compares machine load as much as modes. Here every step runs each mode
+in `cost.modes` (an "arm") on the same micro-batches and the same model state,
+in a fresh random order (from `seed` and the step, the same on every rank),
+each arm after a barrier:
+
+    for each arm, in this step's order:
+        barrier                       # the ranks start together: no skew in the timing
+        forward/backward with the arm's LossReducer (and FSDP's mean or sum)
+        t_arm = this rank's elapsed time
+        keep the gradients if the arm is `reduction`, drop them otherwise
+    cost_s[arm] = max over ranks of t_arm    # the world's time: one MAX all-reduce
+    optimizer step on `reduction`'s gradients
+
+So a change in machine load hits all arms of a step alike, and the analysis
+compares arms step by step (paired). `fsdp_sum` and `scaled` issue exactly
+`local`'s collectives: they are the null control, whose ratio to `local` must
+be 1. At the start, `runner.floor` times each kind of loss all-reduce alone
+(`floor.json`), so the analysis can set each mode's overhead beside
+`extra calls x floor`.
+
+The collective counter is off in the timed arms (it costs a Python call per
+op); step 1, a warm-up step left out of every figure, counts each arm's
+collectives once (`cost_calls`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from runner.comm import CollectiveCounter
+from runner.config import Reduction
+from runner.floor import collective_floor
+from runner.gradients import clip_gradients
+from runner.data import local_micro_batches
+from runner.metrics import MetricLogger
+from runner.optim import lr_at, set_lr
+from runner.parallel import Meshes, set_gradient_reduction
+from runner.reduction import LossReducer, forward_backward, loss_collectives
+from runner.train import Trainer, TrainResult, synchronize
+
+
+def arm_order(modes: list[Reduction], seed: int, step: int) -> list[Reduction]:
+    """This step's order of the arms: random, but the same on every rank."""
+    rng = np.random.default_rng([seed, step, 0xC057])
+    return [modes[i] for i in rng.permutation(len(modes))]
+
+
+def _take_gradients(model: torch.nn.Module) -> list[torch.Tensor | None]:
+    grads = [p.grad for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    return grads
+
+
+def _put_gradients(model: torch.nn.Module, grads: list[torch.Tensor | None]) -> None:
+    for p, grad in zip(model.parameters(), grads):
+        p.grad = grad
+
+
+def measure_cost(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
+    modes = [Reduction(m) for m in cfg.cost.modes]
+    trainer = Trainer(cfg, meshes, device, logger=None)  # its model, data and optimizer; the loop is this one
+    model, group, world_size = trainer.model, trainer.group, trainer.layout.world_size
+    reducers = {m: LossReducer(m, group, cfg.grad_accum, sp=trainer.layout.sp) for m in modes}
+    if cfg.cost.floor_calls:
+        floor = collective_floor(group, device, calls=cfg.cost.floor_calls)
+        if logger is not None:
+            (logger.path.parent / "floor.json").write_text(json.dumps(floor, indent=2) + "\n")
+    result = TrainResult(status="completed", steps_done=0, final_loss=None)
+    for step in range(1, cfg.train.steps + 1):
+        micro_batches = local_micro_batches(trainer.batches(step), grad_accum=cfg.grad_accum, **trainer.rank_share)
+        set_lr(trainer.optimizer, lr_at(step, cfg.optim))
+        order = arm_order(modes, cfg.seed, step)
+        elapsed = torch.zeros(len(modes), dtype=torch.float64)
+        calls = {}
+        for mode in order:
+            set_gradient_reduction(model, mode, world_size)
+            counter = CollectiveCounter() if step == 1 else None
+            dist.barrier(group=group)
+            started = time.perf_counter()
+            if counter is not None:
+                with counter:
+                    step_loss = forward_backward(model, micro_batches, reducers[mode], device)
+                calls[mode.value] = {kind: c["calls"] for kind, c in counter.take().items()}
+            else:
+                step_loss = forward_backward(model, micro_batches, reducers[mode], device)
+            synchronize(device)
+            elapsed[modes.index(mode)] = time.perf_counter() - started
+            grads = _take_gradients(model)
+            if mode == cfg.reduction:
+                kept, trained_loss = grads, step_loss
+        world_elapsed = elapsed.to(device)
+        dist.all_reduce(world_elapsed, op=dist.ReduceOp.MAX, group=group)  # each arm's world time
+        set_gradient_reduction(model, cfg.reduction, world_size)
+        _put_gradients(model, kept)
+        grad_norm, clip_coef = clip_gradients(model, cfg.optim.clip)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+        result.steps_done, result.final_loss = step, trained_loss.loss
+        record = {
+            "step": step,
+            "loss": trained_loss.loss,
+            "grad_norm": grad_norm,
+            "clip_coef": clip_coef,
+            "valid_tokens": trained_loss.valid_tokens,
+            "cost_s": {m.value: t for m, t in zip(modes, world_elapsed.tolist())},
+            "cost_order": [m.value for m in order],
+            "loss_collectives": {m.value: loss_collectives(m, cfg.grad_accum) for m in modes} if step == 1 else None,
+            "cost_calls": calls or None,
+        }
+        if logger is not None:
+            logger.log(record)
+            if step == 1 or step % cfg.train.log_every == 0 or step == cfg.train.steps:
+                arms = " ".join(f"{m}={t * 1e3:.1f}ms" for m, t in record["cost_s"].items())
+                print(f"cost step {step}/{cfg.train.steps} | loss {record['loss']:.4f} | {arms}", flush=True)
+        if not (math.isfinite(trained_loss.loss) and math.isfinite(grad_norm)):
+            result.status = "diverged"
+            result.error = f"not finite at step {step}: loss {trained_loss.loss}, grad_norm {grad_norm}"
+            break
+    return result

@@ -1,0 +1,87 @@
+"""The cost figures on synthetic data with known answers: pairing, the block bootstrap, the null control."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.comm import comm_table
+from analysis.cost import cost_table, moving_blocks, paired_overheads
+from analysis.groups import assign_groups
+from analysis.load import load_sweeps
+from analysis.pipeline import analyze
+from analysis.synthetic import SyntheticRun, write_cost_job, write_sweep
+
+
+def test_sequential_overhead_pairs_with_matching_counter_settings_and_averages_repeats(tmp_path):
+    layout = dict(world_size=2, grad_accum=2)
+    uncounted = {"metrics.count_comm": False}
+    runs = [
+        SyntheticRun("sum", **layout),
+        SyntheticRun("local", step_time_factor=1.0, **layout),
+        SyntheticRun("local", step_time_factor=1.2, **layout),  # a repeat: averaged with the one above
+        SyntheticRun("local", step_time_factor=0.5, overrides=uncounted, **layout),  # another cost: not a partner
+        SyntheticRun("sum", step_time_factor=0.5, overrides=uncounted, **layout),
+    ]
+    loaded = load_sweeps([write_sweep(tmp_path / "sweep", runs)])
+    comm = comm_table(assign_groups(loaded.runs).reset_index(drop=True), loaded.steps)
+    counted_sum, uncounted_sum = comm[comm["reduction"] == "sum"]["overhead_vs_local"]
+    # sum's time is (1 + 0.02 * 5) / (1 + 0.02 * 2) of local's at the same factor; the counted local's average factor is 1.1.
+    assert counted_sum == pytest.approx(1.10 / 1.04 / 1.1, rel=0.03)
+    assert uncounted_sum == pytest.approx(1.10 / 1.04, rel=0.03)
+
+
+def test_moving_blocks_are_runs_of_consecutive_steps():
+    index = moving_blocks(100, 5, np.random.default_rng(0), resamples=50)
+    assert index.shape == (50, 100) and index.min() >= 0 and index.max() < 100
+    blocks = index[:, :100].reshape(50, 20, 5)
+    assert (np.diff(blocks, axis=2) == 1).all()
+
+
+def test_paired_measurement_recovers_overheads_through_a_load_change(tmp_path):
+    job = write_cost_job(tmp_path / "cost", {"sum": 1.08, "detached": 1.0, "fsdp_sum": 1.0, "scaled": 1.0}, drift_from=70)
+    table = cost_table(pd.DataFrame([{"path": str(job), "job": "cost", "world_size": 2, "sp": 1, "grad_accum": 2}]))
+    rows = table.set_index("mode")
+    for null in ("fsdp_sum", "scaled"):
+        assert rows.loc[null, "role"] == "null control"
+        assert rows.loc[null, "ci_low"] <= 1 <= rows.loc[null, "ci_high"]
+    assert rows.loc["sum", "ci_low"] <= 1.08 <= rows.loc["sum", "ci_high"]
+    assert rows.loc["sum", "verdict"] == "resolved"
+    assert rows.loc["detached", "verdict"] == "not resolvable on this machine"
+    # The floor: sum adds 2 differentiable pairs (1 ms each) and drops a functional one (0.2 ms).
+    assert rows.loc["sum", "predicted_extra_ms"] == pytest.approx(2 * 1.0 - 0.2)
+    assert rows.loc["sum", "extra_calls"] == "-1 functional, +2 differentiable"
+    # The extra time is paired: 8% of local's 30 ms before the load, of 90 ms after.
+    assert 0.08 * 30 < rows.loc["sum", "extra_ms"] < 0.08 * 90
+
+
+def test_a_null_control_that_excludes_one_withholds_every_cost(tmp_path):
+    job = write_cost_job(tmp_path / "cost", {"sum": 1.2, "fsdp_sum": 1.05, "scaled": 1.0}, noise=0.01)
+    table = cost_table(pd.DataFrame([{"path": str(job), "job": "cost", "world_size": 2, "sp": 1, "grad_accum": 2}]))
+    rows = table.set_index("mode")
+    assert rows.loc["fsdp_sum", "verdict"] == "null: excludes 1"
+    assert rows.loc["sum", "verdict"] == "null control failed"
+
+
+def test_block_bootstrap_is_wider_than_iid_on_correlated_steps():
+    rng = np.random.default_rng(1)
+    n = 300
+    drift = np.repeat(rng.normal(0, 0.05, size=n // 30), 30)  # load that holds for 30 steps at a time
+    times = pd.DataFrame({"local": 0.03 * np.ones(n), "scaled": 0.03 * (1 + drift + 0.005 * rng.normal(size=n))})
+    times.index += 1
+    table = paired_overheads(times, warmup_steps=0)
+    iid = np.median(np.stack([rng.choice(times["scaled"] / times["local"], n) for _ in range(2000)]), axis=1)
+    iid_width = np.subtract(*np.percentile(iid, [97.5, 2.5]))
+    assert (table["ci_high"] - table["ci_low"]).iloc[0] > iid_width
+
+
+def test_report_states_the_interleaved_cost_with_its_null_control(tmp_path):
+    layout = dict(world_size=2, grad_accum=2)
+    sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum", **layout), SyntheticRun("local", factor=0.5, **layout)])
+    write_cost_job(sweep / "cost", {"sum": 1.08, "detached": 1.0, "fsdp_sum": 1.0, "scaled": 1.0})
+    result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=True)
+    assert len(result.runs) == 2  # the cost job is not a run to compare
+    assert (sweep / "analysis" / "cost.csv").exists() and (sweep / "analysis" / "interleaved_cost.png").exists()
+    assert "the null control passes (`fsdp_sum` " in result.answer
+    assert "`sum` takes +2." in result.answer and "`detached`'s overhead is not resolvable on this machine" in result.answer
