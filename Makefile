@@ -23,9 +23,11 @@ setup:
 		echo "$(SETUP_KEY)" > $(STAMP); \
 	fi
 
-# The sweep, then its analysis (the newest sweep is the one just run).
+# The sweep, the interleaved cost measurement into the same sweep directory,
+# then their analysis (the newest sweep is the one just run).
 run: setup
 	$(PY) -m runner -m $(ARGS)
+	$(PY) -m runner experiment=cost hydra.run.dir=$$(ls -td multirun/*/ | head -n 1)cost
 	$(PY) -m analysis
 	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; wandb sync <job>/wandb/offline-run-*)"
 

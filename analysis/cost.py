@@ -129,12 +129,12 @@ def judge(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def cost_table(cost_jobs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def cost_table(cost_jobs: pd.DataFrame, seed: int = 0, confidence: float = CONFIDENCE) -> pd.DataFrame:
     """cost.csv: one row per (cost job, mode other than local). `cost_jobs` holds `path` and config columns."""
     tables = []
     for _, job in cost_jobs.iterrows():
         times, collectives, floor = read_cost_job(Path(job["path"]))
-        table = paired_overheads(times, int(job.get("cost.warmup_steps", 5)), seed=seed)
+        table = paired_overheads(times, int(job.get("cost.warmup_steps", 5)), seed=seed, confidence=confidence)
         if table.empty:
             continue
         table["predicted_extra_ms"], table["extra_calls"] = _predictions(table["mode"], collectives, floor)
