@@ -64,16 +64,16 @@ def moving_blocks(n: int, block: int, rng: np.random.Generator, resamples: int =
 
 
 def paired_overheads(
-    times: pd.DataFrame, warmup_steps: int, seed: int = 0, confidence: float = CONFIDENCE
+    times: pd.DataFrame, warmup_steps: int, seed: int = 0, confidence: float = CONFIDENCE, baseline: str = BASELINE
 ) -> pd.DataFrame:
-    """Per mode: ratio and extra ms against `local` with block-bootstrap CIs (steps after `warmup_steps`)."""
+    """Per arm: ratio and extra ms against `baseline` with block-bootstrap CIs (steps after `warmup_steps`)."""
     steady = times[times.index > warmup_steps].dropna()
     n = len(steady)
-    if BASELINE not in steady or n < 4:
+    if baseline not in steady or n < 4:
         return pd.DataFrame(columns=["mode", "steps", "block"])
     block = max(1, round(n ** (1 / 3)))
-    base = steady[BASELINE].to_numpy()
-    modes = [m for m in steady.columns if m != BASELINE]
+    base = steady[baseline].to_numpy()
+    modes = [m for m in steady.columns if m != baseline]
     arms = steady[modes].to_numpy()  # [step, mode]
     ratios, extras = arms / base[:, None], arms - base[:, None]
     index = moving_blocks(n, block, np.random.default_rng(seed))

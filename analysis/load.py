@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pa_json
 import yaml
+
+from runner.metrics_file import read_metrics_table
 
 RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
@@ -105,26 +106,6 @@ def _run_row(sweep: Path, job: Path) -> dict:
     return row
 
 
-def _read_metrics(path: Path) -> pa.Table | None:
-    """metrics.jsonl as a flat Arrow table (nested fields joined by `_`); None when missing, empty or unreadable."""
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    try:
-        table = pa_json.read_json(path, read_options=pa_json.ReadOptions(use_threads=False))
-    except pa.ArrowInvalid:  # NaN inside a list, or a last line cut short by a killed rank: keep the whole lines
-        records = []
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        if not records:
-            return None
-        table = pa.Table.from_pylist(records)
-    table = table.flatten().flatten()
-    return table.rename_columns([c.replace(".", "_") for c in table.column_names])
-
-
 def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
     """grad_sketch lists as a [step, k] float array (NaN where missing); None when no step has one."""
     column = column.combine_chunks()
@@ -167,7 +148,7 @@ def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFr
 
 
 def _load_job(sweep: Path, job: Path) -> tuple[dict, pa.Table | None]:
-    return _run_row(sweep, job), _read_metrics(job / "metrics.jsonl")
+    return _run_row(sweep, job), read_metrics_table(job / "metrics.jsonl")
 
 
 def load_sweeps(sweeps: list[Path]) -> Sweeps:

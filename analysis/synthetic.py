@@ -18,6 +18,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from runner.config import RunConfig
+from runner.metrics_file import write_arrow_copy
 
 SKETCH_DIM = 8
 
@@ -132,6 +133,8 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
         with (job / "metrics.jsonl").open("w") as out:
             for record in records:
                 out.write(json.dumps(record).replace("NaN", "null") + "\n")
+        if run.status != "failed":  # as the runner leaves it: a job that closed its logger has the Arrow copy
+            write_arrow_copy(job / "metrics.jsonl")
         error = {
             "failed": "rank 1 exited with code 1",
             "diverged": f"not finite at step {run.diverge_at}",

@@ -1,31 +1,42 @@
-"""`python -m bench [step_time|analysis]`: the benchmarks (both when none is named).
+"""`python -m bench [b1 .. b6] [--quick]`: the benchmarks, into bench/RESULTS.md (all six when none is named).
 
-- step_time: step time of each reduction mode and the collective counter's cost (bench/results.md)
-- analysis: the analysis of 1,000 runs x 1,000 steps (bench/analysis_results.md)
+- b1 harness: the runner's step vs a bare FSDP2 loop, interleaved (goal <= 1.05x)
+- b2 fixed_cost: a job's fixed cost vs a trivial torchrun job of the same W (goal <= 1.5x)
+- b3 overhead: sum vs local at W=2, grad_accum 1 and 4, interleaved, against the floor
+- b4 analysis_scale: the analysis of 1,000 runs x 1,000 steps (goal < 5 s), and of 100 runs
+- b5 make_run: `make run` end to end, setup done (goal <= 180 s)
+- b6 memory: peak resident memory per rank, tiny and small models
+
+--quick runs each at a small size (a smoke test: the figures mean nothing) and
+writes to --out (default: a temporary file, so RESULTS.md keeps real figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import tempfile
+from pathlib import Path
 
-from bench import analysis_scale, step_time
+from bench import report
 
-BENCHES = {"step_time": step_time, "analysis": analysis_scale}
+BENCHES = {"b1": "harness", "b2": "fixed_cost", "b3": "overhead", "b4": "analysis_scale", "b5": "make_run", "b6": "memory"}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="bench")
-    for name, module in BENCHES.items():
-        module.add_arguments(commands.add_parser(name, help=module.__doc__.splitlines()[0]))
+    parser.add_argument("benches", nargs="*", choices=[*BENCHES, []], help="which (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke test")
+    parser.add_argument("--out", type=Path, help="results file (default: bench/RESULTS.md; with --quick a temporary file)")
     args = parser.parse_args(argv)
-    if args.bench:
-        BENCHES[args.bench].run(args)
-        return
-    for name, module in BENCHES.items():
-        sub = argparse.ArgumentParser()
-        module.add_arguments(sub)
-        module.run(sub.parse_args([]))
+    out = args.out or (Path(tempfile.mkdtemp()) / "RESULTS.md" if args.quick else report.RESULTS)
+    for key in args.benches or list(BENCHES):
+        module = importlib.import_module(f"bench.{BENCHES[key]}")
+        name, title, command, body = module.run(args.quick)
+        text = report.section(name, title, command, body)
+        print(text, flush=True)
+        report.write({name: text}, out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

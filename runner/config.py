@@ -156,6 +156,14 @@ def run_config_from(cfg: DictConfig) -> DictConfig:
     return OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
 
 
+def config_with(overrides: dict[str, object]) -> DictConfig:
+    """The typed defaults with dotted overrides (`{"train.steps": 5}`), for code that runs without Hydra."""
+    cfg = OmegaConf.structured(RunConfig)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
+
+
 def run_config_yaml(cfg: DictConfig) -> str:
     """The text of a job's config.yaml."""
     return OmegaConf.to_yaml(cfg, resolve=True)

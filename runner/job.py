@@ -31,6 +31,10 @@ log = logging.getLogger("runner")
 
 
 def _visible_cuda_devices() -> int:
+    # Without an NVIDIA device node there is no CUDA device: skip importing torch
+    # in the parent (about a second of every single job's fixed cost).
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

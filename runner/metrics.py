@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from runner.metrics_file import write_arrow_copy
 from runner.wandb_run import wandb_payload
 
 
@@ -26,6 +27,7 @@ class MetricLogger:
 
     def close(self) -> None:
         self.file.close()
+        write_arrow_copy(self.path)  # the analysis reads this instead of parsing the JSON again
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None

@@ -22,6 +22,7 @@ every step, and counting costs a Python call per dispatched op.
 from __future__ import annotations
 
 import math
+import resource
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -49,6 +50,15 @@ class TrainResult:
     steps_done: int
     final_loss: float | None
     error: str | None = None
+    peak_rss_mib: list[float] | None = None  # per rank, filled in at the end of training
+
+
+def peak_rss_mib(group: dist.ProcessGroup) -> list[float]:
+    """Every rank's peak resident memory so far (MiB), in rank order (one all-gather)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    ranks: list[float | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(ranks, round(own, 1), group=group)
+    return ranks
 
 
 def counted_step(step: int, steps: int, metrics: DictConfig) -> bool:
@@ -160,7 +170,9 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
     if cfg.cost.modes:
         from runner.cost import measure_cost
 
-        return measure_cost(cfg, meshes, device, logger)
+        result = measure_cost(cfg, meshes, device, logger)
+        result.peak_rss_mib = peak_rss_mib(meshes.world_group)
+        return result
     trainer = Trainer(cfg, meshes, device, logger)
     result = TrainResult(status="completed", steps_done=0, final_loss=None)
     for step in range(1, cfg.train.steps + 1):
@@ -173,4 +185,5 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
             if logger is not None:
                 print(f"diverged: {result.error}", flush=True)
             break
+    result.peak_rss_mib = peak_rss_mib(trainer.group)
     return result

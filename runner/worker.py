@@ -59,21 +59,26 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     }
     logger = None
     marks = {"start": process_started}
+    init_marks = [time.time()]  # the init phase split: imports, process group and meshes, W&B
     try:
         device_type = resolve_device_type(cfg.device.value, torch.cuda.is_available())
         device = init_world(env, device_type, cfg.timeout_s)
         summary["backend"] = "nccl" if device_type == "cuda" else "gloo"
         summary["device"] = torch.cuda.get_device_name(device) if device_type == "cuda" else "cpu"
         meshes = build_meshes(layout, device_type)
+        init_marks.append(time.time())
         if env.is_main:
             run = start_wandb_run(
                 cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
             )
             logger = MetricLogger(job_dir / "metrics.jsonl", run)
         marks["init"] = time.time()
+        imports, process_group, wandb_init = (b - a for a, b in zip([process_started, *init_marks], [*init_marks, marks["init"]]))
+        summary["init_s"] = {"imports": round(imports, 3), "process_group": round(process_group, 3), "wandb": round(wandb_init, 3)}
         result = train(cfg, meshes, device, logger)
         marks["train"] = time.time()
         summary.update(status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss)
+        summary["peak_rss_mib"] = result.peak_rss_mib
         leave_world()
         if logger is not None:
             logger.close()
