@@ -30,7 +30,7 @@ class BareLoop:
             load_documents(cfg.data), seq_len=cfg.train.seq_len, global_batch=cfg.train.global_batch, seed=cfg.seed,
             packing=cfg.data.packing,
         )
-        self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction)
+        self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction, cfg.mp)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
 
     def step(self, step: int) -> None:

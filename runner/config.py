@@ -39,6 +39,11 @@ class WandbMode(str, Enum):
     disabled = "disabled"
 
 
+class Dtype(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 class Device(str, Enum):
     auto = "auto"  # CUDA with NCCL where present, else CPU with gloo
     cpu = "cpu"
@@ -115,6 +120,15 @@ class MetricsConfig:
 
 
 @dataclass
+class MixedPrecisionConfig:
+    # FSDP2's MixedPrecisionPolicy: the dtype of the unsharded parameters (the
+    # forward/backward compute and the all-gather) and of the gradient
+    # reduction. The sharded parameters and the optimizer stay in float32.
+    param_dtype: Dtype = Dtype.float32
+    reduce_dtype: Dtype = Dtype.float32
+
+
+@dataclass
 class CostConfig:
     # Non-empty: this job measures these modes' cost, interleaved in one world
     # (`runner.cost`), and trains on `reduction`'s gradients. Must include `local`
@@ -142,6 +156,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    mp: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     cost: CostConfig = field(default_factory=CostConfig)
 
 

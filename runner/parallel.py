@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from omegaconf import DictConfig
 
 from runner.config import Reduction
 from runner.layout import ParallelLayout
@@ -47,16 +50,29 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     return Meshes(world=world, fsdp=world["dp", "sp"]._flatten("dp_sp"))
 
 
-def parallelize(model: Decoder, meshes: Meshes, mode: Reduction) -> Decoder:
+def mixed_precision_policy(mp: DictConfig | None) -> MixedPrecisionPolicy:
+    """FSDP2's policy from `mp.param_dtype` / `mp.reduce_dtype` (float32 and float32: full precision)."""
+    if mp is None:
+        return MixedPrecisionPolicy()
+    param_dtype = getattr(torch, mp.param_dtype.value)
+    reduce_dtype = getattr(torch, mp.reduce_dtype.value)
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def parallelize(model: Decoder, meshes: Meshes, mode: Reduction, mp: DictConfig | None = None) -> Decoder:
     """Ulysses attention when sp > 1; fully_shard per block and at the root over all W ranks.
 
-    `fsdp_sum` turns FSDP's gradient mean into a true sum.
+    `fsdp_sum` turns FSDP's gradient mean into a true sum. With a bfloat16
+    `mp.reduce_dtype`, no mode reaches PREMUL_SUM (whose bf16 path is the one
+    a known PyTorch issue zeroes): the mean is ReduceOp.AVG (divide factor W
+    equals the reduce-scatter group's size) and the sum is a forced plain SUM.
     """
     if meshes.world["sp"].size() > 1:
         model.attention = UlyssesAttention(meshes.sp_group)
+    policy = mixed_precision_policy(mp)
     for block in model.blocks:
-        fully_shard(block, mesh=meshes.fsdp)
-    fully_shard(model, mesh=meshes.fsdp)
+        fully_shard(block, mesh=meshes.fsdp, mp_policy=policy)
+    fully_shard(model, mesh=meshes.fsdp, mp_policy=policy)
     if fsdp_sums_gradients(mode):
         set_gradient_reduction(model, mode, meshes.fsdp.size())
     return model

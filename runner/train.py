@@ -96,7 +96,7 @@ class Trainer:
             seed=cfg.seed,
             packing=cfg.data.packing,
         )
-        self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction)
+        self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction, cfg.mp)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.reducer = LossReducer(cfg.reduction, self.group, cfg.grad_accum, sp=self.layout.sp)
         metrics = cfg.metrics
