@@ -1,18 +1,25 @@
 """The only module that reads (or writes) the launcher's environment variables.
 
-A rank comes to life in one of two ways:
+A rank comes to life in one of three ways:
 
 - spawned by `runner.launch` for one Hydra job: RANK, WORLD_SIZE, LOCAL_RANK,
   LOCAL_WORLD_SIZE and RUNNER_RENDEZVOUS_FILE are set by `spawned_rank_environ`.
   Rendezvous goes through a FileStore in a fresh temporary folder, so no port
   is fixed and two sweeps at once cannot clash;
 - started by torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR
-  and MASTER_PORT): the job joins that world with `env://` instead of spawning.
+  and MASTER_PORT): the job joins that world with `env://` instead of spawning;
+- one task of a SLURM job step with more than one task (`srun`, or Hydra's
+  submitit launcher with `nodes` x `tasks_per_node` > 1): rank SLURM_PROCID of
+  SLURM_NTASKS, local rank SLURM_LOCALID, rendezvous over TCP at the first host
+  of SLURM_JOB_NODELIST (MASTER_ADDR / MASTER_PORT override it), the port
+  derived from the job id so that two jobs on one node do not clash. A SLURM
+  job with one task is not a world: the runner spawns its ranks on that node.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,7 +35,8 @@ class RankEnv:
     world_size: int
     local_rank: int
     local_world_size: int
-    init_method: str  # "file://..." when spawned here, "env://" under torchrun
+    init_method: str  # "file://..." when spawned here, "env://" under torchrun, "tcp://..." under SLURM
+    launcher: str = "runner"  # "runner" (spawned here), "torchrun" or "slurm"
 
     @property
     def is_main(self) -> bool:
@@ -39,7 +47,7 @@ def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv | None:
     """This process's place in a distributed world, or None outside one."""
     environ = os.environ if environ is None else environ
     if "RANK" not in environ or "WORLD_SIZE" not in environ:
-        return None
+        return _slurm_rank_env(environ)
     world_size = int(environ["WORLD_SIZE"])
     rendezvous_file = environ.get(RENDEZVOUS_FILE)
     return RankEnv(
@@ -48,7 +56,34 @@ def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv | None:
         local_rank=int(environ.get("LOCAL_RANK", environ["RANK"])),
         local_world_size=int(environ.get("LOCAL_WORLD_SIZE", world_size)),
         init_method=f"file://{rendezvous_file}" if rendezvous_file else "env://",
+        launcher="runner" if rendezvous_file else "torchrun",
     )
+
+
+def _slurm_rank_env(environ: Mapping[str, str]) -> RankEnv | None:
+    tasks = int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or 1)
+    if "SLURM_PROCID" not in environ or tasks < 2:
+        return None
+    nodes = int(environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_JOB_NUM_NODES") or 1)
+    host = environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_STEP_NODELIST") or environ["SLURM_JOB_NODELIST"])
+    job_digits = re.sub(r"\D", "", environ.get("SLURM_JOB_ID", "0")) or "0"
+    port = environ.get("MASTER_PORT") or str(20000 + int(job_digits) % 20000)
+    return RankEnv(
+        rank=int(environ["SLURM_PROCID"]),
+        world_size=tasks,
+        local_rank=int(environ.get("SLURM_LOCALID", 0)),
+        local_world_size=max(1, tasks // nodes),
+        init_method=f"tcp://{host}:{port}",
+        launcher="slurm",
+    )
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: `gpu[07-09,12],cpu3` -> `gpu07`."""
+    match = re.match(r"([^,\[]+)(?:\[([^,\-\]]+))?", nodelist.strip())
+    if match is None:
+        raise ValueError(f"cannot read a host from the SLURM node list {nodelist!r}")
+    return match.group(1) + (match.group(2) or "")
 
 
 def spawned_rank_environ(

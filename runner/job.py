@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from runner.config import run_config_from, run_config_yaml, save_run_config
-from runner.distributed import rank_env
+from runner.distributed import RankEnv, rank_env
 from runner.launch import log_tail, run_world
 from runner.layout import ParallelLayout
 from runner.summary import read_summary, update_summary
@@ -88,7 +88,7 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
 
     env = rank_env()
     if env is not None:
-        _join_world(cfg, job_dir, env, job, sweeping)  # does not return
+        return _join_world(cfg, job_dir, env, job, sweeping)
 
     shortfall = machine_shortfall(cfg, _visible_cuda_devices())
     if shortfall:
@@ -127,14 +127,25 @@ def _report(tag: str, name: str, summary: dict, wall_s: float) -> None:
         log.error(f"{tag} {name}: {status} after {wall_s:.1f} s: {first_line[0] if first_line else ''}")
 
 
-def _join_world(cfg: DictConfig, job_dir: Path, env, job: JobInfo, sweeping: bool) -> None:
-    """Under torchrun this process is already one rank: train in-process, then exit."""
-    if sweeping:
-        raise SystemExit("under torchrun, run one job per launch (drop -m); sweeps start their own rank worlds")
+def _join_world(cfg: DictConfig, job_dir: Path, env: RankEnv, job: JobInfo, sweeping: bool) -> dict:
+    """This process is already one rank of a world (torchrun's or a SLURM step's): train in-process.
+
+    Under torchrun the process then exits (`os._exit`, as a spawned rank does).
+    A SLURM task returns its status, so that Hydra's submitit launcher records
+    the job and goes on with the sweep.
+    """
+    if sweeping and env.launcher != "slurm":
+        raise SystemExit(f"under {env.launcher}, run one job per launch (drop -m); sweeps start their own rank worlds")
     if env.world_size != cfg.world_size:
-        raise SystemExit(f"world_size={cfg.world_size} but the launcher started WORLD_SIZE={env.world_size} ranks")
-    started = time.time()
-    code = run_rank(cfg, job_dir, env, job, started)
+        raise SystemExit(
+            f"world_size={cfg.world_size} but the {env.launcher} launcher started {env.world_size} ranks; "
+            f"set world_size={env.world_size} or start {cfg.world_size} ranks"
+        )
+    if env.is_main:
+        _clear_earlier_attempt(job_dir)
+    code = run_rank(cfg, job_dir, env, job, time.time())
     sys.stdout.flush()
     sys.stderr.flush()
+    if env.launcher == "slurm":
+        return {"status": (read_summary(job_dir) or {}).get("status", "failed") if env.is_main else "rank"}
     os._exit(code)

@@ -55,6 +55,7 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
         "sp": layout.sp,
         "grad_accum": cfg.grad_accum,
         "layout": str(layout),
+        "launcher": env.launcher,
         "wall_s": {"launch": None if job.spawned_at is None else round(process_started - job.spawned_at, 3)},
     }
     logger = None
