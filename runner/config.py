@@ -160,8 +160,20 @@ class RunConfig:
     cost: CostConfig = field(default_factory=CostConfig)
 
 
+def nodes_for(world_size: int, gpus_per_node: int) -> int:
+    """SLURM nodes for one rank per GPU (conf/hydra/launcher/slurm.yaml)."""
+    return -(-int(world_size) // int(gpus_per_node))
+
+
+def tasks_per_node_for(world_size: int, gpus_per_node: int) -> int:
+    return min(int(world_size), int(gpus_per_node))
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    for name, resolver in {"runner_nodes": nodes_for, "runner_tasks_per_node": tasks_per_node_for}.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 def run_config_from(cfg: DictConfig) -> DictConfig:

@@ -4,7 +4,9 @@ Hydra's basic sweeper already refuses a sweep in which some job's config
 cannot be composed (unknown key, wrong type, bad enum value). This callback
 adds the cross-field rules of `runner.validate`: it lists the jobs that break
 them (each is then recorded as `invalid` without starting a process) and stops
-the sweep when no job is valid.
+the sweep when no job is valid. On SLURM (`hydra/launcher=slurm` or
+`submitit_slurm`) it also refuses, before anything is submitted, a sweep whose
+jobs' world_size differs from the tasks the launcher gives each job.
 """
 
 from __future__ import annotations
@@ -30,12 +32,37 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
+def slurm_shape_problems(launcher: DictConfig, world_sizes: list[int]) -> list[str]:
+    """Jobs whose world_size is not the SLURM tasks per job (nodes x tasks_per_node), when that is > 1.
+
+    One task per job is fine: the runner then spawns the ranks on its node.
+    """
+    if not str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+        return []
+    nodes, per_node = int(launcher.nodes), int(launcher.tasks_per_node)
+    tasks = nodes * per_node
+    if tasks == 1:
+        return []
+    return [
+        f"  #{number} world_size={world_size} but hydra.launcher gives each job nodes x tasks_per_node = "
+        f"{nodes} x {per_node} = {tasks} tasks (one per rank); the shape is set once per sweep, so give "
+        f"world_size={world_size} on the command line of its own sweep, or set hydra.launcher.nodes/tasks_per_node"
+        for number, world_size in enumerate(world_sizes)
+        if world_size != tasks
+    ]
+
+
 class SweepPreflight(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         jobs = sweep_jobs(config)
+        configs = [run_config_from(compose(config.hydra.job.config_name, overrides)) for overrides in jobs]
+        shape = slurm_shape_problems(config.hydra.launcher, [cfg.world_size for cfg in configs])
+        if shape:
+            log.error("preflight: the SLURM launcher's shape does not fit these jobs, nothing was submitted:\n" + "\n".join(shape))
+            raise SystemExit(2)
         invalid = []
-        for number, overrides in enumerate(jobs):
-            problems = config_problems(run_config_from(compose(config.hydra.job.config_name, overrides)))
+        for number, (overrides, cfg) in enumerate(zip(jobs, configs)):
+            problems = config_problems(cfg)
             if problems:
                 messages = "; ".join(message for _, message in problems)
                 invalid.append(f"  #{number} {' '.join(overrides)}: {messages}")

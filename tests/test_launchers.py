@@ -80,3 +80,29 @@ def test_a_sweep_through_another_hydra_launcher_completes(tmp_path, launcher):
     jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").exists())
     assert sorted(summary(job)["reduction"] for job in jobs) == ["local", "sum"]
     assert all(summary(job)["status"] == "completed" and summary(job)["steps_done"] == STEPS for job in jobs)
+
+
+@pytest.mark.parametrize("world_size, nodes, tasks_per_node", [(16, 2, 8), (4, 1, 4), (12, 2, 8)])
+def test_slurm_preset_maps_world_size_to_nodes_and_tasks(world_size, nodes, tasks_per_node):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from runner.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(Path(__file__).parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", [f"world_size={world_size}", "hydra/launcher=slurm"], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert (launcher["nodes"], launcher["tasks_per_node"], launcher["gpus_per_node"]) == (nodes, tasks_per_node, 8)
+    assert launcher["_target_"].endswith("SlurmLauncher") and launcher["max_num_timeout"] == 0
+
+
+def test_a_slurm_sweep_of_mixed_world_sizes_is_refused_before_submission(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2",
+         "world_size=2,4", *QUICK, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "#1 world_size=4 but hydra.launcher gives each job nodes x tasks_per_node = 1 x 2 = 2 tasks" in done.stdout + done.stderr
+    assert not (tmp_path / "sweep" / ".submitit").exists()  # nothing was submitted
