@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml 2>/dev/null | cksum)
 ARGS ?=
 
-.PHONY: setup run test analyze bench clean
+.PHONY: setup run test analyze bench sync clean
 
 setup:
 	@if [ -x "$(PY)" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
@@ -29,7 +29,7 @@ run: setup
 	$(PY) -m runner -m $(ARGS)
 	$(PY) -m runner experiment=cost hydra.run.dir=$$(ls -td multirun/*/ | head -n 1)cost
 	$(PY) -m analysis
-	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; wandb sync <job>/wandb/offline-run-*)"
+	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; upload the W&B runs: make sync)"
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)
@@ -39,6 +39,20 @@ analyze: setup
 
 bench: setup
 	$(PY) -m bench $(ARGS)
+
+# Upload a sweep's offline W&B runs (the jobs' and the analysis's):
+#   make sync [SWEEP=multirun/<date_time>] [WANDB_PROJECT=...] [WANDB_ENTITY=...] [DRY_RUN=1]
+# Needs WANDB_API_KEY (or `wandb login`), except with DRY_RUN=1 (lists what would go).
+SWEEP ?= $(shell ls -td multirun/*/ 2>/dev/null | head -n 1)
+sync: setup
+	@[ -n "$(SWEEP)" ] && [ -d "$(SWEEP)" ] || { echo "sync: no sweep found; give SWEEP=multirun/<date_time>"; exit 2; }
+	@[ -n "$(DRY_RUN)" ] || [ -n "$$WANDB_API_KEY" ] || grep -qs api.wandb.ai ~/.netrc || \
+		{ echo "sync: set WANDB_API_KEY (https://wandb.ai/authorize) or run '$(VENV)/bin/wandb login' first"; exit 2; }
+	@runs="$$(find $(SWEEP) -type d -name 'offline-run-*' | sort)"; \
+	[ -n "$$runs" ] || { echo "sync: no offline W&B runs under $(SWEEP) (were they run with wandb.mode=disabled?)"; exit 2; }; \
+	echo "sync: $$(echo "$$runs" | wc -l) runs from $(SWEEP)"; \
+	$(VENV)/bin/wandb sync $(if $(DRY_RUN),--dry-run) \
+		$(if $(WANDB_PROJECT),--project $(WANDB_PROJECT)) $(if $(WANDB_ENTITY),--entity $(WANDB_ENTITY)) $$runs
 
 clean:
 	rm -rf outputs multirun .pytest_cache

@@ -12,6 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from runner.layout import ParallelLayout
+from runner.wandb_run import has_wandb_credentials
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 BYTE_VOCAB = 256
@@ -35,6 +36,9 @@ def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     problems += _data_problems(cfg.data)
     problems += cost_problems(cfg)
     problems += _count_problems(cfg.metrics)
+    if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
+        problems.append(("wandb.mode", "wandb.mode=online needs WANDB_API_KEY (or `wandb login`); "
+                         "or run wandb.mode=offline and upload later with `make sync`"))
     return problems
 
 

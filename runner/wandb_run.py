@@ -8,10 +8,22 @@ run reads its API key from the environment itself; nothing here copies it.
 
 from __future__ import annotations
 
+import netrc
+import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+
+def has_wandb_credentials() -> bool:
+    """An API key for `wandb.mode=online`: WANDB_API_KEY, or the ~/.netrc entry `wandb login` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
 
 
 def start_wandb_run(cfg: DictConfig, job_dir: Path, *, name: str, group: str, extra_config: dict[str, Any]):

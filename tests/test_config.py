@@ -79,6 +79,8 @@ def test_user_text_file_is_accepted(tmp_path):
         (["optim.lrr=1"], ["optim.lrr"]),
         (["wandb.mode=cloud"], ["wandb.mode", "offline"]),
         (["model=huge"], ["model/huge", "tiny"]),
+        (["mp.reduce_dtype=float16"], ["mp.reduce_dtype", "float32", "bfloat16"]),
+        (["mp.param_dtype=fp8"], ["mp.param_dtype", "bfloat16"]),
     ],
 )
 def test_composition_rejects(overrides, names):
@@ -124,3 +126,13 @@ def test_unsupported_data_suffix_is_rejected(tmp_path):
     bad.write_text("a,b\n")
     with pytest.raises(InvalidConfig, match=r"data\.path=.*has suffix '\.csv'; valid: \.txt, \.jsonl"):
         validate(run_config_from(composed([f"data.path={bad}"])))
+
+
+def test_online_wandb_needs_a_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    with pytest.raises(InvalidConfig, match=r"wandb\.mode=online needs WANDB_API_KEY .*make sync"):
+        validate(run_config_from(composed(["wandb.mode=online"])))
+    monkeypatch.setenv("WANDB_API_KEY", "local-0123456789abcdef")
+    validate(run_config_from(composed(["wandb.mode=online"])))
+

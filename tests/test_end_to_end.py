@@ -251,3 +251,22 @@ def test_analysis_of_a_real_sweep_passes_check_and_catches_a_corrupted_run(sweep
     done = subprocess.run([*analyze, "--wandb", "disabled"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "check FAILED: 1 verdict(s)" in done.stdout and "reduction=local" in done.stdout.split("check FAILED")[1]
+
+
+def make_sync(sweep_dir: Path, home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`make sync` of this repository with the running interpreter's venv (setup is not redone)."""
+    environ = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"} | {"HOME": str(home), **env}
+    repo, venv = Path(__file__).parents[1], Path(sys.executable).parents[1]
+    command = ["make", "-s", "-C", str(repo), "-o", "setup", "sync", f"VENV={venv}", f"SWEEP={sweep_dir}", *args]
+    return subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
+
+
+def test_make_sync_lists_every_offline_run_and_needs_a_key(sweep, tmp_path):
+    sweep_dir, jobs, _ = sweep
+    refused = make_sync(sweep_dir, tmp_path)
+    assert refused.returncode != 0 and "set WANDB_API_KEY" in refused.stdout + refused.stderr
+    dry = make_sync(sweep_dir, tmp_path, "DRY_RUN=1")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    runs = sorted(str(p) for job in jobs.values() for p in (job / "wandb").glob("offline-run-*"))
+    assert len(runs) == len(jobs) and f"sync: {len(runs)} runs from {sweep_dir}" in dry.stdout
+    assert all(Path(run).name in dry.stdout + dry.stderr for run in runs), dry.stdout + dry.stderr
