@@ -44,6 +44,16 @@ class Dtype(str, Enum):
     bfloat16 = "bfloat16"
 
 
+# Injected faults (`fault.kind`); a str, not an Enum, because `raise` is a Python keyword:
+FAULT_KINDS = {
+    "none": "no fault",
+    "raise": "an exception in the rank (recorded with its traceback)",
+    "exit": "the rank's process ends at once with exit code 3, recording nothing",
+    "hang": "the rank stops responding; its peers' collectives time out after dist.timeout_s",
+    "nan": "the rank's gradients become NaN: the job diverges at that step",
+}
+
+
 class Device(str, Enum):
     auto = "auto"  # CUDA with NCCL where present, else CPU with gloo
     cpu = "cpu"
@@ -129,6 +139,22 @@ class MixedPrecisionConfig:
 
 
 @dataclass
+class FaultConfig:
+    # Fault injection for testing the runner's failure handling: `kind` on rank
+    # `rank` at the start of optimizer step `step` (after its gradients, for nan).
+    kind: str = "none"  # one of FAULT_KINDS
+    rank: int = 0
+    step: int = 1
+
+
+@dataclass
+class DistConfig:
+    # A collective that waits longer than this fails (a dead or hung peer)
+    # instead of blocking the job until timeout_s.
+    timeout_s: float = 300.0
+
+
+@dataclass
 class CostConfig:
     # Non-empty: this job measures these modes' cost, interleaved in one world
     # (`runner.cost`), and trains on `reduction`'s gradients. Must include `local`
@@ -158,6 +184,8 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     mp: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
 
 def nodes_for(world_size: int, gpus_per_node: int) -> int:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from runner.config import run_config_from, run_config_yaml, save_run_config
 from runner.distributed import RankEnv, rank_env
-from runner.launch import log_tail, run_world
+from runner.launch import failure_report, run_world
 from runner.layout import ParallelLayout
 from runner.summary import read_summary, update_summary
 from runner.validate import InvalidConfig, config_problems, machine_shortfall
@@ -104,13 +104,14 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
     summary = read_summary(job_dir) or {}
     if not outcome.ok:
         if outcome.interrupted:
-            error = "interrupted (Ctrl-C)"
+            error = "interrupted (SIGINT or SIGTERM); its metrics so far are kept, and a rerun into this sweep directory runs it again"
         elif outcome.timed_out:
             error = f"timed out after timeout_s={cfg.timeout_s:g} s"
         else:
-            rank = outcome.first_failed_rank
-            error = f"rank {rank} exited with code {outcome.returncodes[rank]}:\n{log_tail(job_dir, rank)}"
-        summary = update_summary(job_dir, status="failed", error=summary.get("error") or error)
+            # The root cause, not rank 0's own view (it fails too, later, when a peer dies).
+            rank, error = failure_report(job_dir, outcome.returncodes)
+            summary = update_summary(job_dir, failed_rank=rank)
+        summary = update_summary(job_dir, status="failed", error=error, interrupted=outcome.interrupted)
     summary = update_summary(job_dir, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3))
     _report(tag, job.name, summary, outcome.wall_s)
     if outcome.interrupted:

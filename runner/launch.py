@@ -8,6 +8,7 @@ forever); past the timeout, all are.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -40,13 +41,6 @@ class WorldOutcome:
     def ok(self) -> bool:
         return all(code == 0 for code in self.returncodes) and not self.timed_out and not self.interrupted
 
-    @property
-    def first_failed_rank(self) -> int | None:
-        for rank, code in enumerate(self.returncodes):
-            if code not in (0, None):
-                return rank
-        return None
-
 
 def _echo(stream, log_file) -> None:
     for raw in iter(stream.readline, b""):
@@ -78,6 +72,14 @@ def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0) -> None:
         _wait_for_exit(processes, 5.0)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or `kill`'s stop), handled as Ctrl-C is: stop the ranks, record, stop the sweep."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated()
+
+
 def run_world(
     world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float
 ) -> WorldOutcome:
@@ -91,6 +93,8 @@ def run_world(
     echo_thread = None
     started = time.monotonic()
     timed_out = interrupted = False
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous_handler = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         spawned_at = f"{time.time():.6f}"
         for rank in range(world_size):
@@ -124,6 +128,8 @@ def run_world(
         interrupted = True
         _stop(processes)
     finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
         if echo_thread is not None:
             echo_thread.join(timeout=5.0)
         for log_file in log_files:
@@ -137,3 +143,28 @@ def log_tail(job_dir: Path, rank: int, lines: int = _LOG_TAIL_LINES) -> str:
     if not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def failure_report(job_dir: Path, returncodes: Sequence[int | None]) -> tuple[int | None, str]:
+    """(root-cause rank, error text) of a world whose ranks did not all exit 0.
+
+    A rank that exited non-zero without an error record (os._exit, a crash, a
+    signal it did not send itself) is the first suspect: its peers raise and
+    record later, in their next collective. Otherwise the earliest record is.
+    Ranks this launcher stopped (negative codes) are never the cause.
+    """
+    records = {}
+    for path in (job_dir / "logs").glob("rank*.error.json"):
+        record = json.loads(path.read_text())
+        records[record["rank"]] = record
+    silent = [r for r, code in enumerate(returncodes) if code is not None and code > 0 and r not in records]
+    if silent:
+        rank = silent[0]
+        return rank, f"rank {rank} exited with code {returncodes[rank]} without an error record:\n{log_tail(job_dir, rank)}"
+    if records:
+        first = min(records.values(), key=lambda record: record["time"])
+        return first["rank"], f"rank {first['rank']}: {first['error']}\n{first['traceback']}"
+    for rank, code in enumerate(returncodes):
+        if code not in (0, None):
+            return rank, f"rank {rank} exited with code {code}:\n{log_tail(job_dir, rank)}"
+    return None, "the ranks did not finish"

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from runner import fault
 from runner.comm import CollectiveCounter, add_counts
 from runner.data import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
 from runner.gradients import GradientSketch, clip_gradients
@@ -88,6 +89,7 @@ class Trainer:
         self.logger = logger
         self.layout = ParallelLayout.from_config(cfg)
         self.group = meshes.world_group
+        self.rank = dist.get_rank(self.group)
         self.rank_share = dict(dp=self.layout.dp, dp_rank=meshes.dp_rank, sp=self.layout.sp, sp_rank=meshes.sp_rank)
         self.batches = GlobalBatches(
             load_documents(cfg.data),
@@ -114,12 +116,14 @@ class Trainer:
         counter = self.counter if self.counter is not None and counted_step(step, cfg.train.steps, cfg.metrics) else None
         counting = counter if counter is not None else nullcontext()
 
+        fault.before_step(cfg.fault, self.rank, step)
         arrival = time.time()  # wall clock, comparable between ranks: the first collective is N's all-reduce
         started = time.perf_counter()
         with counting:
             step_loss = forward_backward(self.model, micro_batches, self.reducer, self.device)
         synchronize(self.device)
         backward_done = time.perf_counter()
+        fault.after_backward(cfg.fault, self.rank, step, self.model)
         # FSDP2 on one mesh moves parameters and gradients with all-gathers and
         # reduce-scatters, Ulysses moves activations with all-to-alls: every
         # all-reduce of forward/backward is the loss's (N and the mode's own).

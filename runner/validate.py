@@ -11,6 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from runner.config import FAULT_KINDS
 from runner.layout import ParallelLayout
 from runner.wandb_run import has_wandb_credentials
 
@@ -36,6 +37,8 @@ def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     problems += _data_problems(cfg.data)
     problems += cost_problems(cfg)
     problems += _count_problems(cfg.metrics)
+    problems += _fault_problems(cfg)
+    problems += _positive(cfg.dist.timeout_s, "dist.timeout_s")
     if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
         problems.append(("wandb.mode", "wandb.mode=online needs WANDB_API_KEY (or `wandb login`); "
                          "or run wandb.mode=offline and upload later with `make sync`"))
@@ -134,4 +137,20 @@ def _count_problems(metrics: DictConfig) -> list[tuple[str, str]]:
         found.append(("metrics.count_first", f"metrics.count_first={metrics.count_first} must be >= 0"))
     if metrics.count_every < 1:
         found.append(("metrics.count_every", f"metrics.count_every={metrics.count_every} must be >= 1 (1 counts every step)"))
+    return found
+
+
+def _fault_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+    fault = cfg.fault
+    if fault.kind not in FAULT_KINDS:
+        return [("fault.kind", f"fault.kind={fault.kind} is not a fault; valid: {', '.join(FAULT_KINDS)}")]
+    if fault.kind == "none":
+        return []
+    found = []
+    if cfg.cost.modes:
+        found.append(("fault.kind", f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {[m.value for m in cfg.cost.modes]})"))
+    if not 0 <= fault.rank < cfg.world_size:
+        found.append(("fault.rank", f"fault.rank={fault.rank} is not a rank of world_size={cfg.world_size}; valid: 0 to {cfg.world_size - 1}"))
+    if not 1 <= fault.step <= cfg.train.steps:
+        found.append(("fault.step", f"fault.step={fault.step} is not a step of train.steps={cfg.train.steps}; valid: 1 to {cfg.train.steps}"))
     return found

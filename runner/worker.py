@@ -13,6 +13,7 @@ import time
 PROCESS_STARTED = time.time()  # before the heavy imports, to split launch from init time
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -31,6 +32,23 @@ class JobInfo:
 def one_line_warning(message, category, filename, lineno, line=None) -> str:
     # One line per warning, so the launcher can show each distinct one once per sweep.
     return f"[warning] {category.__name__}: {message} ({Path(filename).name}:{lineno})\n"
+
+
+def write_error_record(job_dir: Path, rank: int, error: BaseException) -> None:
+    """logs/rank<r>.error.json: when and why this rank failed, with its traceback (as torchelastic's @record).
+
+    The launcher takes the earliest record as the job's root cause: a rank
+    whose peer died fails too, later, in its next collective.
+    """
+    record = {
+        "rank": rank,
+        "time": time.time(),
+        "error": f"{type(error).__name__}: {error}",
+        "traceback": "".join(traceback.format_exception(error)),
+    }
+    path = job_dir / "logs" / f"rank{rank}.error.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
 
 
 def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> int:
@@ -63,7 +81,7 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     init_marks = [time.time()]  # the init phase split: imports, process group and meshes, W&B
     try:
         device_type = resolve_device_type(cfg.device.value, torch.cuda.is_available())
-        device = init_world(env, device_type, cfg.timeout_s)
+        device = init_world(env, device_type, cfg.dist.timeout_s)
         summary["backend"] = "nccl" if device_type == "cuda" else "gloo"
         summary["device"] = torch.cuda.get_device_name(device) if device_type == "cuda" else "cpu"
         meshes = build_meshes(layout, device_type)
@@ -88,6 +106,7 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     except BaseException as error:  # KeyboardInterrupt too: record it, then exit non-zero
         traceback.print_exc()
         summary.update(status="failed", error=f"rank {env.rank}: {type(error).__name__}: {error}")
+        write_error_record(job_dir, env.rank, error)
         if logger is not None:
             logger.close()
         code = 1

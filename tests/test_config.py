@@ -111,6 +111,11 @@ def test_composition_rejects(overrides, names):
         (["metrics.sketch_dim=-1"], "metrics.sketch_dim", ">= 0"),
         (["data=text"], "data.path", "needs data.path"),
         (["data.path=/nonexistent/corpus.txt"], "data.path", "does not exist"),
+        (["fault.kind=explode"], "fault.kind", "valid: none, raise, exit, hang, nan"),
+        (["fault.kind=raise", "fault.rank=2"], "fault.rank", "valid: 0 to 1"),
+        (["fault.kind=exit", "fault.step=0"], "fault.step", "valid: 1 to 60"),
+        (["fault.kind=nan", "experiment=cost"], "fault.kind", "cost.modes must be empty"),
+        (["dist.timeout_s=0"], "dist.timeout_s", "> 0"),
     ],
 )
 def test_validation_rejects_with_field_and_hint(overrides, field, hint):
