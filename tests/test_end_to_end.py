@@ -129,12 +129,23 @@ def test_sequence_parallel_training_tracks_sp1(tmp_path):
     assert "all_to_all" not in plain[-1]["comm"]
 
 
-def test_api_key_never_lands_in_a_file(sweep):
+def test_api_key_never_lands_in_a_file(sweep, tmp_path):
+    """Ran with WANDB_API_KEY set: no config, summary, metrics, log, W&B offline file or report holds it."""
     sweep_dir, _, output = sweep
     assert SECRET not in output
-    for path in sweep_dir.rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
+    copy = shutil.copytree(sweep_dir, tmp_path / "sweep")  # the analysis writes into the copy
+    analysis = subprocess.run(
+        [sys.executable, "-m", "analysis", str(copy)], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "WANDB_API_KEY": SECRET},
+    )
+    assert analysis.returncode == 0, analysis.stdout + analysis.stderr
+    assert SECRET not in analysis.stdout + analysis.stderr
+    written = [path for path in copy.rglob("*") if path.is_file()]
+    kinds = {path.name for path in written}
+    assert {"config.yaml", "summary.json", "metrics.jsonl", "rank1.log", "report.md"} <= kinds
+    assert any(path.suffix == ".wandb" for path in written)  # the W&B offline run files were scanned too
+    for path in written:
+        assert SECRET.encode() not in path.read_bytes(), path
 
 
 def test_rerun_into_the_same_sweep_keeps_completed_jobs(sweep):
@@ -155,8 +166,9 @@ def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
         ["-m", "reduction=sum", f"data.path={bad},{good}", "grad_accum=1,3", "train.steps=2", "wandb.mode=disabled", "hydra.sweep.dir=s"],
         cwd=tmp_path,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr  # a job failed: the sweep says so
     assert "2 of 4 jobs are invalid" in done.stdout + done.stderr
+    assert "sweep: completed 1, failed 1, diverged 0, invalid 2, skipped 0" in done.stdout + done.stderr
     outcomes = {}
     for job in (tmp_path / "s").iterdir():
         if job.is_dir():
