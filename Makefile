@@ -24,9 +24,10 @@ setup:
 	fi
 
 # The sweep, the interleaved cost measurement into the same sweep directory,
-# then their analysis (the newest sweep is the one just run).
+# then their analysis (the newest sweep is the one just run). The sweep exits 1
+# when a job failed; the analysis still runs (and reports it).
 run: setup
-	$(PY) -m runner -m $(ARGS)
+	-$(PY) -m runner -m $(ARGS)
 	$(PY) -m runner experiment=cost hydra.run.dir=$$(ls -td multirun/*/ | head -n 1)cost
 	$(PY) -m analysis
 	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; upload the W&B runs: make sync)"
