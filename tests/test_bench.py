@@ -20,5 +20,5 @@ def test_quick_bench_writes_every_section_but_b5(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
     assert re.findall(r"(?m)^## (B\d)\. ", text) == ["B1", "B2", "B3", "B4", "B6", "B7"]
-    assert text.count("Command: `python -m bench b") == 5
+    assert text.count("Command: `python -m bench b") == 6
     assert "Harness overhead:" in text and "Fixed cost:" in text and "| small |" in text

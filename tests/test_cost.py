@@ -80,8 +80,9 @@ def test_load_mid_way_leaves_the_interleaved_null_control_at_one_and_fools_seque
     sweep = [*RUNNER, "-m", "reduction=local,fsdp_sum", "train.steps=30", "metrics.count_comm=false", "wandb.mode=disabled",
              "hydra.sweep.dir=seq"]  # fmt: skip
     job = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first_done = lambda: any((tmp_path / "seq").glob("0_*/summary.json"))  # noqa: E731
-    with start_load_when(first_done, job):
+    # The load starts once the second job has logged its first step: the first ran unloaded, the second loaded.
+    second_started = lambda: any(lines(path) >= 1 for path in (tmp_path / "seq").glob("1_*/metrics.jsonl"))  # noqa: E731
+    with start_load_when(second_started, job):
         output, _ = job.communicate(timeout=600)
     assert job.returncode == 0, output
     loaded = load_sweeps([tmp_path / "seq"])
