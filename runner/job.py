@@ -101,8 +101,8 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
     outcome = run_world(
         cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s
     )
-    summary = read_summary(job_dir) or {}
     if not outcome.ok:
+        root_cause = {}
         if outcome.interrupted:
             error = "interrupted (SIGINT or SIGTERM); its metrics so far are kept, and a rerun into this sweep directory runs it again"
         elif outcome.timed_out:
@@ -110,8 +110,8 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
         else:
             # The root cause, not rank 0's own view (it fails too, later, when a peer dies).
             rank, error = failure_report(job_dir, outcome.returncodes)
-            summary = update_summary(job_dir, failed_rank=rank)
-        summary = update_summary(job_dir, status="failed", error=error, interrupted=outcome.interrupted)
+            root_cause = {"failed_rank": rank}
+        update_summary(job_dir, status="failed", error=error, interrupted=outcome.interrupted, **root_cause)
     summary = update_summary(job_dir, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3))
     _report(tag, job.name, summary, outcome.wall_s)
     if outcome.interrupted:
