@@ -152,6 +152,8 @@ class DistConfig:
     # A collective that waits longer than this fails (a dead or hung peer)
     # instead of blocking the job until timeout_s.
     timeout_s: float = 300.0
+    # Run more CPU ranks than runner.validate.CPU_RANKS_PER_CORE x this machine's cores.
+    oversubscribe: bool = False
 
 
 @dataclass

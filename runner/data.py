@@ -14,59 +14,21 @@ from the concatenated corpus instead.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from runner.corpus import PACKING_SEPARATOR, document_bytes
+
 IGNORE_INDEX = -100
 PAD_TOKEN = 0  # NUL never occurs in text, and its targets are ignored anyway
-_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
-
-
-def embedded_corpus_text() -> list[str]:
-    """Python's own help topics: real English text shipped with the standard library."""
-    from pydoc_data.topics import topics
-
-    return [topics[name] for name in sorted(topics)]
-
-
-def paragraphs(text: str) -> list[str]:
-    return [part.strip() for part in _PARAGRAPH_BREAK.split(text) if part.strip()]
-
-
-def read_texts(path: Path, text_field: str) -> list[str]:
-    """Documents of a user's data: paragraphs of .txt files, or records of a .jsonl file."""
-    if path.is_dir():
-        return [p for file in sorted(path.rglob("*.txt")) for p in paragraphs(file.read_text(errors="replace"))]
-    if path.suffix == ".jsonl":
-        documents = []
-        for line_number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if text_field not in record:
-                raise ValueError(f"{path}:{line_number} has no field {text_field!r} (data.text_field)")
-            documents.append(record[text_field])
-        return documents
-    return paragraphs(path.read_text(errors="replace"))
 
 
 def load_documents(cfg: DictConfig) -> list[torch.Tensor]:
     """Each document as a uint8 tensor of its UTF-8 bytes (vocab 256); documents under 2 bytes are dropped."""
-    if cfg.path is None:
-        texts = [p for topic in embedded_corpus_text() for p in paragraphs(topic)]
-    else:
-        texts = read_texts(Path(cfg.path).expanduser(), cfg.text_field)
-    encoded = (text.encode() for text in texts)
-    documents = [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in encoded if len(raw) >= 2]
-    if not documents:
-        raise ValueError(f"data.path={cfg.path} holds no document of at least 2 bytes")
-    return documents
+    return [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in document_bytes(cfg.path, cfg.text_field)]
 
 
 @dataclass(frozen=True)
@@ -95,7 +57,7 @@ class GlobalBatches:
         self.seed = seed
         self.packing = packing
         if packing:
-            separator = torch.tensor(list(b"\n\n"), dtype=torch.uint8)
+            separator = torch.tensor(list(PACKING_SEPARATOR), dtype=torch.uint8)
             self.stream = torch.cat([piece for doc in documents for piece in (doc, separator)])
             if self.stream.numel() < seq_len + 2:
                 raise ValueError(f"the corpus ({self.stream.numel()} bytes) is shorter than train.seq_len + 1")

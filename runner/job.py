@@ -3,7 +3,7 @@
 Whatever happens inside a job, it ends with a summary.json in its directory
 and returns normally, so one failed job never stops a sweep or loses the
 others' results. Only a single run (not a sweep) with an invalid config exits
-non-zero.
+non-zero: with code 2 (EXIT_INVALID), before any rank starts.
 """
 
 from __future__ import annotations
@@ -24,20 +24,18 @@ from runner.distributed import RankEnv, rank_env
 from runner.launch import failure_report, run_world
 from runner.layout import ParallelLayout
 from runner.summary import read_summary, update_summary
-from runner.validate import InvalidConfig, config_problems, machine_shortfall
+from runner.validate import (
+    EXIT_INVALID,
+    InvalidConfig,
+    config_problems,
+    machine_problems,
+    machine_shortfall,
+    usable_cpu_cores,
+    visible_cuda_devices,
+)
 from runner.worker import JobInfo, run_rank
 
 log = logging.getLogger("runner")
-
-
-def _visible_cuda_devices() -> int:
-    # Without an NVIDIA device node there is no CUDA device: skip importing torch
-    # in the parent (about a second of every single job's fixed cost).
-    if not any(Path("/dev").glob("nvidia[0-9]*")):
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _already_completed(job_dir: Path, cfg: DictConfig) -> bool:
@@ -77,20 +75,23 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
         return {"status": "completed"}
 
     save_run_config(cfg, job_dir / "config.yaml")  # kept whatever happens next, invalid and skipped jobs too
+    env = rank_env()  # None: this process starts the ranks, on this machine
+    cuda_devices = visible_cuda_devices() if env is None else 0
     problems = config_problems(cfg)
+    if env is None:
+        problems += machine_problems(cfg, cuda_devices=cuda_devices, cpu_cores=usable_cpu_cores())
     if problems:
         error = InvalidConfig(problems)
         update_summary(job_dir, status="invalid", error=str(error), problems=[f for f, _ in problems], run_name=job.name)
         log.error(f"{tag} {job.name}: {error}")
         if not sweeping:
-            raise error
+            raise SystemExit(EXIT_INVALID)
         return {"status": "invalid"}
 
-    env = rank_env()
     if env is not None:
         return _join_world(cfg, job_dir, env, job, sweeping)
 
-    shortfall = machine_shortfall(cfg, _visible_cuda_devices())
+    shortfall = machine_shortfall(cfg, cuda_devices)
     if shortfall:
         update_summary(job_dir, status="skipped", error=shortfall, run_name=job.name)
         log.warning(f"{tag} {job.name}: skipped: {shortfall}")

@@ -2,9 +2,9 @@
 
 Hydra's basic sweeper already refuses a sweep in which some job's config
 cannot be composed (unknown key, wrong type, bad enum value). This callback
-adds the cross-field rules of `runner.validate`: it lists the jobs that break
-them (each is then recorded as `invalid` without starting a process) and stops
-the sweep when no job is valid. On SLURM (`hydra/launcher=slurm` or
+adds the rules of `runner.validate` (cross-field, data, and this machine's):
+it lists the jobs that break them (each is then recorded as `invalid` without
+starting a process) and stops the sweep when no job is valid. On SLURM (`hydra/launcher=slurm` or
 `submitit_slurm`) it also refuses, before anything is submitted, a sweep whose
 jobs' world_size differs from the tasks the launcher gives each job.
 """
@@ -20,7 +20,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig
 
 from runner.config import run_config_from
-from runner.validate import config_problems
+from runner.validate import config_problems, machine_problems, usable_cpu_cores, visible_cuda_devices
 
 log = logging.getLogger("runner")
 
@@ -32,12 +32,16 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
 
 
+def is_slurm(launcher: DictConfig) -> bool:
+    return str(launcher.get("_target_", "")).endswith("SlurmLauncher")
+
+
 def slurm_shape_problems(launcher: DictConfig, world_sizes: list[int]) -> list[str]:
     """Jobs whose world_size is not the SLURM tasks per job (nodes x tasks_per_node), when that is > 1.
 
     One task per job is fine: the runner then spawns the ranks on its node.
     """
-    if not str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+    if not is_slurm(launcher):
         return []
     nodes, per_node = int(launcher.nodes), int(launcher.tasks_per_node)
     tasks = nodes * per_node
@@ -60,9 +64,11 @@ class SweepPreflight(Callback):
         if shape:
             log.error("preflight: the SLURM launcher's shape does not fit these jobs, nothing was submitted:\n" + "\n".join(shape))
             raise SystemExit(2)
+        # Jobs sent to SLURM check their machine rules on their node, before their ranks start.
+        here = None if is_slurm(config.hydra.launcher) else {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
         invalid = []
         for number, (overrides, cfg) in enumerate(zip(jobs, configs)):
-            problems = config_problems(cfg)
+            problems = config_problems(cfg) + (machine_problems(cfg, **here) if here else [])
             if problems:
                 messages = "; ".join(message for _, message in problems)
                 invalid.append(f"  #{number} {' '.join(overrides)}: {messages}")

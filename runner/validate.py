@@ -7,15 +7,20 @@ message names the field, its value and what would be valid.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from runner.config import FAULT_KINDS
+from runner.corpus import corpus_problem
 from runner.layout import ParallelLayout
 from runner.wandb_run import has_wandb_credentials
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
+# More gloo ranks than this per core spend their time in the scheduler, not training.
+CPU_RANKS_PER_CORE = 4
+EXIT_INVALID = 2  # the exit status of a run refused before launch (as argparse's for bad arguments)
 BYTE_VOCAB = 256
 
 
@@ -34,7 +39,7 @@ def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     )
     problems += _model_problems(cfg.model)
     problems += _training_problems(cfg)
-    problems += _data_problems(cfg.data)
+    problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
     problems += cost_problems(cfg)
     problems += _count_problems(cfg.metrics)
     problems += _fault_problems(cfg)
@@ -77,6 +82,8 @@ def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     found = _positive(cfg.train.steps, "train.steps") + _positive(cfg.train.seq_len, "train.seq_len")
     found += _positive(cfg.train.global_batch, "train.global_batch") + _positive(cfg.train.log_every, "train.log_every")
     found += _positive(cfg.optim.lr, "optim.lr") + _positive(cfg.timeout_s, "timeout_s")
+    if cfg.optim.clip < 0:
+        found.append(("optim.clip", f"optim.clip={cfg.optim.clip} must be >= 0 (the max grad norm; 0 disables clipping)"))
     if cfg.optim.warmup_steps < 0:
         found.append(("optim.warmup_steps", f"optim.warmup_steps={cfg.optim.warmup_steps} must be >= 0"))
     if cfg.metrics.sketch_dim < 0:
@@ -84,18 +91,52 @@ def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     return found
 
 
-def _data_problems(data: DictConfig) -> list[tuple[str, str]]:
-    if data.path is None:
-        if data.name == "embedded":
-            return []
+def _data_problems(data: DictConfig, *, seq_len: int) -> list[tuple[str, str]]:
+    if data.path is None and data.name != "embedded":
         return [("data.path", f"data={data.name} needs data.path=FILE_OR_FOLDER (.txt, a folder of .txt, or .jsonl)")]
-    path = Path(data.path).expanduser()
+    found = [] if data.path is None else _data_path_problems(data.path)
+    if not found and seq_len > 0:
+        # Reads the data once per sweep (cached on the files' size and mtime), as the ranks will.
+        problem = corpus_problem(data.path, data.text_field, seq_len=seq_len, packing=data.packing)
+        found += [("data.path", problem)] if problem else []
+    return found
+
+
+def _data_path_problems(given: str) -> list[tuple[str, str]]:
+    path = Path(given).expanduser()
     if not path.exists():
-        return [("data.path", f"data.path={data.path} does not exist; give a .txt file, a folder of .txt files or a .jsonl file")]
+        return [("data.path", f"data.path={given} does not exist; give a .txt file, a folder of .txt files or a .jsonl file")]
     if path.is_file() and path.suffix not in TEXT_SUFFIXES:
-        return [("data.path", f"data.path={data.path} has suffix {path.suffix!r}; valid: {', '.join(TEXT_SUFFIXES)} or a folder")]
+        return [("data.path", f"data.path={given} has suffix {path.suffix!r}; valid: {', '.join(TEXT_SUFFIXES)} or a folder")]
     if path.is_dir() and not any(path.rglob("*.txt")):
-        return [("data.path", f"data.path={data.path} is a folder without .txt files")]
+        return [("data.path", f"data.path={given} is a folder without .txt files")]
+    return []
+
+
+def visible_cuda_devices() -> int:
+    # Without an NVIDIA device node there is no CUDA device: skip importing torch
+    # in the launcher (about a second of every single job's fixed cost).
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def usable_cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def machine_problems(cfg: DictConfig, *, cuda_devices: int, cpu_cores: int) -> list[tuple[str, str]]:
+    """Rules about the machine the ranks start on (checked there: by the launcher, or by the job on a cluster node)."""
+    on_cpu = cfg.device.value == "cpu" or (cfg.device.value == "auto" and cuda_devices == 0)
+    limit = CPU_RANKS_PER_CORE * cpu_cores
+    if on_cpu and cfg.world_size > limit and not cfg.dist.oversubscribe:
+        return [(
+            "world_size",
+            f"world_size={cfg.world_size} would start {cfg.world_size} CPU ranks on this machine's {cpu_cores} cores; "
+            f"valid: world_size<={limit} ({CPU_RANKS_PER_CORE} ranks per core), or dist.oversubscribe=true to run it anyway",
+        )]
     return []
 
 

@@ -1,4 +1,8 @@
-"""Config composition through Hydra's compose API: accepted override lists and rejected ones."""
+"""Config composition through Hydra's compose API: accepted override lists and rejected ones.
+
+The kinds of bad input README.md lists are real runs in tests/test_refusals.py;
+these are the further rules, checked in-process.
+"""
 
 from __future__ import annotations
 
@@ -74,12 +78,7 @@ def test_user_text_file_is_accepted(tmp_path):
 @pytest.mark.parametrize(
     "overrides, names",
     [
-        (["reduction=summ"], ["reduction", "mean_of_means"]),  # the valid values are listed
-        (["world_size=two"], ["world_size"]),
-        (["optim.lrr=1"], ["optim.lrr"]),
         (["wandb.mode=cloud"], ["wandb.mode", "offline"]),
-        (["model=huge"], ["model/huge", "tiny"]),
-        (["mp.reduce_dtype=float16"], ["mp.reduce_dtype", "float32", "bfloat16"]),
         (["mp.param_dtype=fp8"], ["mp.param_dtype", "bfloat16"]),
     ],
 )
@@ -94,24 +93,13 @@ def test_composition_rejects(overrides, names):
 @pytest.mark.parametrize(
     "overrides, field, hint",
     [
-        (["sp=3"], "sp", "sp=3 does not divide world_size=2; valid sp: 1, 2"),
         (["sp=0"], "sp", ">= 1"),
-        (["world_size=8", "sp=8", "grad_accum=1"], "sp", "model.n_heads=4 cannot be split over sp=8 ranks; valid sp for this model: 1, 2, 4"),
-        (["sp=2", "train.seq_len=127"], "train.seq_len", "use a multiple of 2 (e.g. 126 or 128)"),
         (["world_size=4", "sp=2", "grad_accum=3"], "train.global_batch", "dp * grad_accum = 2 * 3 = 6"),
-        (["grad_accum=3"], "train.global_batch", "multiple of 6"),
         (["world_size=4", "train.global_batch=10"], "train.global_batch", "multiple of 8"),
-        (["world_size=0"], "world_size", ">= 1"),
-        (["grad_accum=0"], "grad_accum", ">= 1"),
         (["model.d_model=65"], "model.d_model", "divisible by model.n_heads=4"),
         (["model.d_model=12", "model.n_heads=4"], "model.n_heads", "must be even"),
         (["model.vocab_size=100"], "model.vocab_size", ">= 256"),
-        (["optim.lr=0"], "optim.lr", "> 0"),
-        (["train.steps=0"], "train.steps", "> 0"),
         (["metrics.sketch_dim=-1"], "metrics.sketch_dim", ">= 0"),
-        (["data=text"], "data.path", "needs data.path"),
-        (["data.path=/nonexistent/corpus.txt"], "data.path", "does not exist"),
-        (["fault.kind=explode"], "fault.kind", "valid: none, raise, exit, hang, nan"),
         (["fault.kind=raise", "fault.rank=2"], "fault.rank", "valid: 0 to 1"),
         (["fault.kind=exit", "fault.step=0"], "fault.step", "valid: 1 to 60"),
         (["fault.kind=nan", "experiment=cost"], "fault.kind", "cost.modes must be empty"),
@@ -124,13 +112,6 @@ def test_validation_rejects_with_field_and_hint(overrides, field, hint):
         validate(cfg)
     assert field in [name for name, _ in caught.value.problems]
     assert f"{field}" in str(caught.value) and hint in str(caught.value)
-
-
-def test_unsupported_data_suffix_is_rejected(tmp_path):
-    bad = tmp_path / "corpus.csv"
-    bad.write_text("a,b\n")
-    with pytest.raises(InvalidConfig, match=r"data\.path=.*has suffix '\.csv'; valid: \.txt, \.jsonl"):
-        validate(run_config_from(composed([f"data.path={bad}"])))
 
 
 def test_online_wandb_needs_a_key(tmp_path, monkeypatch):

@@ -160,10 +160,9 @@ def test_rerun_into_the_same_sweep_keeps_completed_jobs(sweep):
 def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("\n\n".join(f"Paragraph number {i} of a small corpus." for i in range(50)))
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"body": "no text field"}) + "\n")
     done = run_runner(
-        ["-m", "reduction=sum", f"data.path={bad},{good}", "grad_accum=1,3", "train.steps=2", "wandb.mode=disabled", "hydra.sweep.dir=s"],
+        ["-m", "reduction=sum", f"data.path={good}", "fault.kind=none,raise", "grad_accum=1,3", "train.steps=2",
+         "wandb.mode=disabled", "hydra.sweep.dir=s"],
         cwd=tmp_path,
     )
     assert done.returncode == 1, done.stdout + done.stderr  # a job failed: the sweep says so
@@ -173,19 +172,19 @@ def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
     for job in (tmp_path / "s").iterdir():
         if job.is_dir():
             config = (job / "config.yaml").read_text()
-            outcomes[("bad" if "bad.jsonl" in config else "good", "grad_accum: 3" in config)] = summary(job)
-    assert outcomes[("good", False)]["status"] == "completed", outcomes[("good", False)]
-    assert outcomes[("bad", False)]["status"] == "failed"
-    assert "has no field 'text' (data.text_field)" in outcomes[("bad", False)]["error"]
-    for source in ("good", "bad"):
-        invalid = outcomes[(source, True)]
+            outcomes[("raise" if "kind: raise" in config else "none", "grad_accum: 3" in config)] = summary(job)
+    assert outcomes[("none", False)]["status"] == "completed", outcomes[("none", False)]
+    assert outcomes[("raise", False)]["status"] == "failed"
+    assert "fault.kind=raise injected on rank 0 at step 1" in outcomes[("raise", False)]["error"]
+    for fault in ("none", "raise"):
+        invalid = outcomes[(fault, True)]
         assert invalid["status"] == "invalid" and invalid["problems"] == ["train.global_batch"]
     assert not list((tmp_path / "s").glob("*grad_accum=3*/logs"))  # no rank was started
 
 
 def test_invalid_single_run_fails_before_any_rank_starts(tmp_path):
     done = run_runner(["sp=3", "hydra.run.dir=run"], cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert "sp=3 does not divide world_size=2; valid sp: 1, 2" in done.stdout + done.stderr
     assert summary(tmp_path / "run")["status"] == "invalid"
     assert not (tmp_path / "run" / "logs").exists()
@@ -193,7 +192,7 @@ def test_invalid_single_run_fails_before_any_rank_starts(tmp_path):
 
 def test_sweep_with_no_valid_job_stops_before_launching(tmp_path):
     done = run_runner(["-m", "grad_accum=3,5", "hydra.sweep.dir=s"], cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == 2
     assert "train.global_batch=16 cannot be split evenly" in done.stdout + done.stderr
     assert not any(p.is_dir() for p in (tmp_path / "s").glob("*"))
 

@@ -1,0 +1,99 @@
+"""Every kind of bad input is refused before any rank starts: exit status 2, a message naming the field and a valid value.
+
+Each case is a real `python -m runner` single run. README.md's table
+"Refused before launch" lists the same kinds (checked below), so the table
+stays true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner.validate import CPU_RANKS_PER_CORE, EXIT_INVALID, machine_problems, usable_cpu_cores
+from tests.helpers import run_config
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+OVERSUBSCRIBED = 2 * CPU_RANKS_PER_CORE * usable_cpu_cores()
+
+# (kind as README.md names it, overrides ({data} is a folder of test files), what the message must say)
+REFUSALS = [
+    ("unknown reduction", ["reduction=summ"], ["reduction", "summ", "mean_of_means"]),
+    ("world_size < 1", ["world_size=0"], ["world_size=0", ">= 1"]),
+    ("sp not dividing world_size", ["sp=3"], ["sp=3 does not divide world_size=2", "valid sp: 1, 2"]),
+    ("sp not dividing model.n_heads", ["world_size=8", "sp=8", "grad_accum=1"], ["model.n_heads=4", "valid sp for this model: 1, 2, 4"]),
+    ("sp not dividing train.seq_len", ["sp=2", "train.seq_len=127"], ["train.seq_len", "126 or 128"]),
+    ("global batch not divisible by dp x grad_accum", ["grad_accum=3"], ["train.global_batch=16", "multiple of 6"]),
+    ("grad_accum < 1", ["grad_accum=0"], ["grad_accum=0", ">= 1"]),
+    ("train.steps < 1", ["train.steps=0"], ["train.steps=0", "> 0"]),
+    ("optim.lr <= 0", ["optim.lr=0"], ["optim.lr=0", "> 0"]),
+    ("negative optim.clip", ["optim.clip=-1"], ["optim.clip=-1", ">= 0", "0 disables"]),
+    ("unknown model", ["model=huge"], ["model/huge", "tiny", "gpt2_124m"]),
+    ("unknown optimizer", ["optim=adam"], ["optim/adam", "adamw", "sgd"]),
+    ("data without data.path", ["data=text"], ["data.path", "needs data.path=FILE_OR_FOLDER"]),
+    ("data.path that does not exist", ["data.path={data}/missing.txt"], ["data.path=", "does not exist", ".jsonl"]),
+    ("data.path with another suffix", ["data.path={data}/corpus.csv"], ["suffix '.csv'", "valid: .txt, .jsonl"]),
+    ("empty data", ["data.path={data}/empty.txt"], ["data.path=", "no document of at least 2 bytes"]),
+    ("JSONL without the text field", ["data.path={data}/records.jsonl"], ["line 2 has no field 'text'", "it has: body", "data.text_field"]),
+    ("JSONL line that is not JSON", ["data.path={data}/broken.jsonl"], ["line 1 is not JSON", "one record"]),
+    ("data too short for one sequence", ["data.path={data}/short.txt", "data.packing=true"], ["train.seq_len=128 (needs 130)", "train.seq_len<=10"]),
+    ("world_size beyond this machine", [f"world_size={OVERSUBSCRIBED}", f"train.global_batch={OVERSUBSCRIBED}", "grad_accum=1"],
+     [f"world_size={OVERSUBSCRIBED} would start", "dist.oversubscribe=true"]),
+    ("unknown key", ["optim.lrr=1"], ["optim.lrr"]),
+    ("wrong type", ["world_size=two"], ["world_size", "two"]),
+    ("unknown enum value", ["mp.reduce_dtype=float16"], ["mp.reduce_dtype", "float32", "bfloat16"]),
+    ("unknown fault kind", ["fault.kind=explode"], ["fault.kind=explode", "valid: none, raise, exit, hang, nan"]),
+    ("wandb.mode=online without a key", ["wandb.mode=online"], ["wandb.mode=online needs WANDB_API_KEY", "make sync"]),
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("data")
+    (folder / "corpus.csv").write_text("a,b\n")
+    (folder / "empty.txt").write_text("\n\n")
+    (folder / "short.txt").write_text("short text\n")
+    (folder / "records.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text field"}) + "\n")
+    (folder / "broken.jsonl").write_text("{not json\n")
+    return folder
+
+
+@pytest.mark.parametrize("kind, overrides, expected", REFUSALS, ids=[kind for kind, _, _ in REFUSALS])
+def test_refused_before_launch_with_exit_status_2(kind, overrides, expected, data_dir, tmp_path):
+    environ = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "RANK", "WORLD_SIZE", "SLURM_"))}
+    environ["HOME"] = str(tmp_path)  # no ~/.netrc holding a W&B key
+    args = [arg.format(data=data_dir) for arg in overrides]
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", *args, "hydra.run.dir=run"], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == EXIT_INVALID, output
+    for text in expected:
+        assert text in output
+    assert not (tmp_path / "run" / "logs").exists()  # no rank started
+    if (tmp_path / "run" / "summary.json").exists():  # composed, then refused by the runner's own rules
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "invalid"
+
+
+def test_readme_lists_every_refusal():
+    section = README.read_text().split("### Refused before launch", 1)[1].split("\n#", 1)[0]
+    kinds = re.findall(r"^\| ([^|]+?) \|", section, flags=re.MULTILINE)[1:]  # after the header
+    assert sorted(kinds) == sorted(kind for kind, _, _ in REFUSALS)
+    assert len(kinds) >= 15
+
+
+def test_oversubscription_depends_on_the_machine_and_can_be_forced():
+    cfg = run_config(world_size=16)
+    assert [field for field, _ in machine_problems(cfg, cuda_devices=0, cpu_cores=2)] == ["world_size"]
+    assert machine_problems(cfg, cuda_devices=0, cpu_cores=4) == []  # 4 ranks per core
+    assert machine_problems(cfg, cuda_devices=16, cpu_cores=2) == []  # GPU ranks: one per device (else skipped)
+    assert machine_problems(run_config(world_size=16, device="cuda"), cuda_devices=0, cpu_cores=2) == []  # skipped, not refused
+    forced = OmegaConf.merge(cfg, {"dist": {"oversubscribe": True}})
+    assert machine_problems(forced, cuda_devices=0, cpu_cores=2) == []
