@@ -96,7 +96,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     momentum: float = 0.0  # sgd only
-    clip: float = 1.0  # max global grad norm; <= 0 disables clipping (the norm is still logged)
+    clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged); negative is refused
     warmup_steps: int = 0
 
 

@@ -6,7 +6,8 @@ Every rank runs this same loop on its share of each step's global batch; rank
 
 What a step's timing means:
 - `step_time_s` is the world's step time: the slowest rank's forward/backward
-  plus optimizer time (one MAX all-reduce after the step, outside the timing).
+  plus optimizer time (one all-gather after the step, outside the timing,
+  which also sums the ranks' gradient-sketch shares).
   A rank that waits in a collective for a slower peer, or for rank 0's logging
   of the previous step, has that wait in its own time, so the maximum holds it.
 - `peer_skew_s` is the spread of the ranks' wall-clock arrival at the step's
@@ -67,12 +68,24 @@ def counted_step(step: int, steps: int, metrics: DictConfig) -> bool:
     return step <= metrics.count_first or step % metrics.count_every == 0 or step == steps
 
 
-def world_timing(elapsed_s: float, arrival_s: float, group: dist.ProcessGroup, device: torch.device) -> tuple[float, float]:
-    """(max over ranks of `elapsed_s`, spread of `arrival_s` over ranks): one MAX all-reduce of three numbers."""
-    values = torch.tensor([elapsed_s, arrival_s, -arrival_s], dtype=torch.float64, device=device)
-    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
-    slowest, latest, minus_earliest = values.tolist()
-    return slowest, latest + minus_earliest
+def world_gather(
+    elapsed_s: float, arrival_s: float, sketch_part: torch.Tensor | None, group: dist.ProcessGroup, device: torch.device
+) -> tuple[float, float, list[float] | None]:
+    """(max over ranks of `elapsed_s`, spread of `arrival_s`, the sketch: sum over ranks of `sketch_part`).
+
+    One all-gather of every rank's [elapsed, arrival, sketch partial sums] is
+    the step's only measurement collective; the sums run in rank order, so
+    every rank gets the same bits.
+    """
+    own = torch.tensor([elapsed_s, arrival_s], dtype=torch.float64, device=device)
+    if sketch_part is not None:
+        own = torch.cat([own, sketch_part.to(device)])
+    rows = [torch.empty_like(own) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, own, group=group)
+    table = torch.stack(rows).cpu()
+    slowest, latest, earliest = table[:, 0].max().item(), table[:, 1].max().item(), table[:, 1].min().item()
+    sketch = table[:, 2:].sum(dim=0).tolist() if sketch_part is not None else None
+    return slowest, latest - earliest, sketch
 
 
 def synchronize(device: torch.device) -> None:
@@ -128,8 +141,8 @@ class Trainer:
         # reduce-scatters, Ulysses moves activations with all-to-alls: every
         # all-reduce of forward/backward is the loss's (N and the mode's own).
         forward_backward_comm = counter.take() if counter is not None else None
-        # Measurement only: outside the counter and the step time.
-        grad_sketch = self.sketch(self.group) if self.sketch is not None else None
+        # Measurement only: outside the counter and the step time (summed over ranks below).
+        sketch_part = self.sketch.partial_sums() if self.sketch is not None else None
         optimizer_started = time.perf_counter()
         with counting:
             grad_norm, clip_coef = clip_gradients(self.model, cfg.optim.clip)
@@ -137,7 +150,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
         rank_step_time = (backward_done - started) + (time.perf_counter() - optimizer_started)
-        step_time, skew = world_timing(rank_step_time, arrival, self.group, self.device)
+        step_time, skew, grad_sketch = world_gather(rank_step_time, arrival, sketch_part, self.group, self.device)
 
         self.tokens += step_loss.valid_tokens
         fewest, most = micro_batch_token_range(batch, dp=self.layout.dp, grad_accum=cfg.grad_accum)
