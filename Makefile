@@ -28,7 +28,7 @@ setup:
 # when a job failed; the analysis still runs (and reports it).
 run: setup
 	-$(PY) -m runner -m $(ARGS)
-	$(PY) -m runner experiment=cost hydra.run.dir=$$(ls -td multirun/*/ | head -n 1)cost
+	-$(PY) -m runner experiment=cost hydra.run.dir=$$(ls -td multirun/*/ | head -n 1)cost
 	$(PY) -m analysis
 	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; upload the W&B runs: make sync)"
 

@@ -1,7 +1,8 @@
 """`python -m runner [-m] [overrides]`: one job, or with -m a Hydra sweep of jobs.
 
-Exit status: 0 when the job (or every job of a sweep) ran, 1 when a sweep's job
-failed or diverged, 2 when the input was refused before any rank started.
+Exit status: 0 when the job (every job of a sweep) completed or was skipped
+or refused in a sweep that has valid jobs; 1 when a job failed or diverged
+(unless by an injected NaN); 2 when the input was refused before any rank started.
 """
 
 import hydra

@@ -2,8 +2,9 @@
 
 Whatever happens inside a job, it ends with a summary.json in its directory
 and returns normally, so one failed job never stops a sweep or loses the
-others' results. Only a single run (not a sweep) with an invalid config exits
-non-zero: with code 2 (EXIT_INVALID), before any rank starts.
+others' results. A single run (not a sweep) exits 2 (EXIT_INVALID) when its
+config is refused, before any rank starts, and 1 when the job failed or
+diverged (unless by an injected NaN), as a sweep does (`runner.tally`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from runner.distributed import RankEnv, rank_env
 from runner.launch import failure_report, run_world
 from runner.layout import ParallelLayout
 from runner.summary import read_summary, update_summary
+from runner.tally import ends_badly
 from runner.validate import (
     EXIT_INVALID,
     InvalidConfig,
@@ -117,6 +119,8 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
     _report(tag, job.name, summary, outcome.wall_s)
     if outcome.interrupted:
         raise KeyboardInterrupt
+    if not sweeping and ends_badly(summary["status"], cfg.fault.kind):
+        raise SystemExit(1)  # after the summary is written; a sweep's tally does the same for its jobs
     return {"status": summary["status"]}
 
 

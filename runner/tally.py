@@ -3,7 +3,8 @@
 `completed 5, failed 1, diverged 0, invalid 1, skipped 0 -> multirun/<date_time>`;
 the sweep then exits 1 when a job failed, or diverged without an injected NaN
 (`fault.kind=nan`), so a script or a CI job sees it. Invalid and skipped jobs
-were reported before launch and do not change the exit status.
+were reported before launch and do not change the exit status. A single run
+follows the same rule (`runner.job`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from runner.summary import STATUSES, read_summary
 log = logging.getLogger("runner")
 
 
+def ends_badly(status: str, fault_kind: str | None) -> bool:
+    """Whether a job's outcome makes its run or sweep exit 1: it failed, or diverged without an injected NaN."""
+    return status == "failed" or (status == "diverged" and fault_kind != "nan")
+
+
 def tally(sweep_dir: Path) -> tuple[Counter, list[str]]:
     """(status counts, the jobs that make the sweep fail) over the job directories of `sweep_dir`."""
     counts: Counter = Counter({status: 0 for status in STATUSES})
@@ -28,8 +34,8 @@ def tally(sweep_dir: Path) -> tuple[Counter, list[str]]:
     for job in sorted(p for p in sweep_dir.iterdir() if (p / "config.yaml").exists()):
         status = (read_summary(job) or {}).get("status", "failed")  # no summary: it never finished
         counts[status] += 1
-        injected_nan = (yaml.safe_load((job / "config.yaml").read_text()) or {}).get("fault", {}).get("kind") == "nan"
-        if status == "failed" or (status == "diverged" and not injected_nan):
+        fault_kind = (yaml.safe_load((job / "config.yaml").read_text()) or {}).get("fault", {}).get("kind")
+        if ends_badly(status, fault_kind):
             bad.append(f"{job.name} ({status})")
     return counts, bad
 
