@@ -93,11 +93,7 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
 
     pngs = []
     if make_plots and curves["logged"].any():
-        pngs.append(plots.loss_curves(runs, curves["loss"], out))
-        pngs.append(plots.loss_difference(runs, curves["loss_diff"], out))
-        if "sketch_scale" in curves:
-            pngs.append(plots.gradient_scale(runs, curves["sketch_scale"], out))
-            pngs.append(plots.gradient_direction(runs, curves["sketch_cos"], out))
+        pngs.extend(plots.curves_per_group(runs, curves, out))
         if comm["overhead_vs_local"].notna().any():
             pngs.append(plots.comm_overhead(comm, out))
         if len(cost):
