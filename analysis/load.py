@@ -139,7 +139,9 @@ def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFr
     steps = table.to_pandas()
     steps = steps[["run"] + [c for c in steps.columns if c != "run"]]
     if sketch is not None:
-        steps = pd.concat([steps, pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])])], axis=1)
+        # copy=False: pandas would otherwise copy (and transpose) the whole [step, k] array into its own block.
+        sketch_columns = pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])], copy=False)
+        steps = pd.concat([steps, sketch_columns], axis=1)
     for field in ("calls", "bytes", "seconds"):
         kinds = [c for c in steps.columns if c.startswith("comm_") and c.endswith(f"_{field}")]
         if kinds:  # NaN on steps whose collectives were not counted (the runner samples steps)
