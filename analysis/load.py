@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from runner.config_file import read_config
 from runner.metrics_file import read_metrics_table
 
 RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
@@ -94,8 +95,7 @@ def _run_row(sweep: Path, job: Path) -> dict:
         "backend": summary.get("backend"),
     }
     try:
-        # The C loader when PyYAML has it: OmegaConf.load is ~10x slower per file.
-        config = yaml.load((job / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        config = read_config(job / "config.yaml")
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         config = None
         row.update(status="failed", error=f"config.yaml is unreadable: {str(error).splitlines()[0]}")
@@ -157,8 +157,8 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
     if not jobs:
         raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
-    # Arrow parses JSON without the GIL: threads read files side by side (two per
-    # core, so that one parses while the other holds the GIL for YAML).
+    # Arrow reads the metrics without the GIL: threads read files side by side (two per
+    # core, so that one reads while the other holds the GIL for the config).
     with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
         loaded = list(pool.map(lambda args: _load_job(*args), jobs))
     cost_jobs = pd.DataFrame(
