@@ -16,6 +16,8 @@ when groups were left out).
 from __future__ import annotations
 
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -72,20 +74,39 @@ CURVE_FIGURES = [
 def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
     """The CURVE_FIGURES whose curve is in `curves` (no sketch: no gradient figures), one panel per group.
 
-    All are drawn on one grid of panels, one figure after another: making the axes
-    and their ticks is most of a figure's cost, so it is paid once, and each figure
-    only replaces the previous one's curves, legend, title and y labels before it is saved.
+    A forked process draws the second half of them while this one draws the first
+    (where the platform can fork). Call it while no other thread is at work: a
+    forked child inherits whatever locks those threads hold. The child gets the
+    plotted runs as plain Python objects, so it runs no Arrow code.
+    """
+    figures = [figure for figure in CURVE_FIGURES if figure[0] in curves]
+    plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
+    members = runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]].astype(object).reset_index(drop=True)
+    values = {curve: curves[curve][plotted] for curve, *_ in figures}
+    half = (len(figures) + 1) // 2
+    if "fork" not in multiprocessing.get_all_start_methods() or len(figures) < 2:
+        return _draw_figures(members, values, figures, out)
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as worker:
+        second = worker.submit(_draw_figures, members, {c: values[c] for c, *_ in figures[half:]}, figures[half:], out)
+        return _draw_figures(members, values, figures[:half], out) + second.result()
+
+
+def _draw_figures(runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path) -> list[Path]:
+    """`figures` (CURVE_FIGURES entries) drawn on one grid of panels, one figure after another.
+
+    Making the axes and their ticks is most of a figure's cost, so it is paid once,
+    and each figure only replaces the previous one's curves, legend, title and y
+    labels before it is saved.
     """
     groups = plotted_groups(runs)
     fig, axes = _panels(len(groups))
     for ax, group in zip(axes, groups):
         _style_panel(ax, runs.loc[runs["group"] == group, "group_label"].iloc[0])
     paths = []
-    for curve, name, title, ylabel in CURVE_FIGURES:
-        if curve in curves:
-            _draw_curves(fig, axes, runs, groups, curves[curve], title, ylabel)
-            fig.savefig(out / name, dpi=100)
-            paths.append(out / name)
+    for curve, name, title, ylabel in figures:
+        _draw_curves(fig, axes, runs, groups, curves[curve], title, ylabel)
+        fig.savefig(out / name, dpi=100)
+        paths.append(out / name)
     plt.close(fig)
     return paths
 
