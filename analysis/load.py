@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from runner.config_file import read_config
 from runner.metrics_file import read_metrics_table
 
 RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
@@ -94,8 +95,7 @@ def _run_row(sweep: Path, job: Path) -> dict:
         "backend": summary.get("backend"),
     }
     try:
-        # The C loader when PyYAML has it: OmegaConf.load is ~10x slower per file.
-        config = yaml.load((job / "config.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        config = read_config(job / "config.yaml")
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         config = None
         row.update(status="failed", error=f"config.yaml is unreadable: {str(error).splitlines()[0]}")
@@ -139,7 +139,9 @@ def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFr
     steps = table.to_pandas()
     steps = steps[["run"] + [c for c in steps.columns if c != "run"]]
     if sketch is not None:
-        steps = pd.concat([steps, pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])])], axis=1)
+        # copy=False: pandas would otherwise copy (and transpose) the whole [step, k] array into its own block.
+        sketch_columns = pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])], copy=False)
+        steps = pd.concat([steps, sketch_columns], axis=1)
     for field in ("calls", "bytes", "seconds"):
         kinds = [c for c in steps.columns if c.startswith("comm_") and c.endswith(f"_{field}")]
         if kinds:  # NaN on steps whose collectives were not counted (the runner samples steps)
@@ -155,8 +157,8 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
     if not jobs:
         raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
-    # Arrow parses JSON without the GIL: threads read files side by side (two per
-    # core, so that one parses while the other holds the GIL for YAML).
+    # Arrow reads the metrics without the GIL: threads read files side by side (two per
+    # core, so that one reads while the other holds the GIL for the config).
     with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
         loaded = list(pool.map(lambda args: _load_job(*args), jobs))
     cost_jobs = pd.DataFrame(

@@ -91,13 +91,12 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
         floor.to_csv(out / "floor.csv", index=False)
     clock("invariance and communication")
 
+    # The plots fork a process: first let the writer thread finish (it is, by now, as a rule).
+    parquet_written.result()
+    clock("runs.parquet (rest of the write)")
     pngs = []
     if make_plots and curves["logged"].any():
-        pngs.append(plots.loss_curves(runs, curves["loss"], out))
-        pngs.append(plots.loss_difference(runs, curves["loss_diff"], out))
-        if "sketch_scale" in curves:
-            pngs.append(plots.gradient_scale(runs, curves["sketch_scale"], out))
-            pngs.append(plots.gradient_direction(runs, curves["sketch_cos"], out))
+        pngs.extend(plots.curves_per_group(runs, curves, out))
         if comm["overhead_vs_local"].notna().any():
             pngs.append(plots.comm_overhead(comm, out))
         if len(cost):
@@ -111,7 +110,5 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
         tables.update(cost=cost, floor=floor)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
-    parquet_written.result()
     writer.shutdown()
-    clock("runs.parquet (rest of the write)")
     return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, clock.timings)

@@ -16,6 +16,8 @@ when groups were left out).
 from __future__ import annotations
 
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -41,7 +43,7 @@ PANEL_W, PANEL_H = 4.2, 3.0
 LEFT, RIGHT, TOP, BOTTOM = 0.8, 0.2, 0.7, 0.9  # BOTTOM holds the last row's x label and the legend
 
 
-def _panels(count: int, title: str):
+def _panels(count: int):
     """A grid of `count` panels, 4 wide at most, with fixed margins (tight_layout would draw it all twice)."""
     cols = min(count, 4)
     rows = math.ceil(count / cols)
@@ -52,54 +54,92 @@ def _panels(count: int, title: str):
         left=LEFT / width, right=1 - RIGHT / width, bottom=BOTTOM / height, top=1 - TOP / height,
         wspace=0.6 / PANEL_W, hspace=0.6 / PANEL_H,
     )
-    fig.suptitle(title, y=1 - 0.15 / height, va="top")
     for ax in axes.flat[count:]:
         ax.set_visible(False)
     return fig, list(axes.flat)[:count]
 
 
-def _per_group(runs: pd.DataFrame, values: np.ndarray, path: Path, title: str, ylabel: str) -> Path:
+# The per-group figures: (curve in `measure`'s curves, file, title, y label), in report order.
+CURVE_FIGURES = [
+    ("loss", "loss_curves.png", "Loss per comparison group (dashed: baseline)", "loss"),
+    ("loss_diff", "loss_difference.png", "Loss minus the baseline's loss", "Δ loss"),
+    # Step 1 is the clean factor (same parameters); later steps compare gradients
+    # at parameters that have drifted apart unless the runs are equivalent.
+    ("sketch_scale", "gradient_scale.png", "Gradient scale k against the baseline (sketch)", "k"),
+    ("sketch_cos", "gradient_direction.png",
+     "Gradient direction: cosine with the baseline (after step 1, runs that train differently have drifted apart)", "cosine"),
+]
+
+
+def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
+    """The CURVE_FIGURES whose curve is in `curves` (no sketch: no gradient figures), one panel per group.
+
+    A forked process draws the second half of them while this one draws the first
+    (where the platform can fork). Call it while no other thread is at work: a
+    forked child inherits whatever locks those threads hold. The child gets the
+    plotted runs as plain Python objects, so it runs no Arrow code.
+    """
+    figures = [figure for figure in CURVE_FIGURES if figure[0] in curves]
+    plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
+    members = runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]].astype(object).reset_index(drop=True)
+    values = {curve: curves[curve][plotted] for curve, *_ in figures}
+    half = (len(figures) + 1) // 2
+    if "fork" not in multiprocessing.get_all_start_methods() or len(figures) < 2:
+        return _draw_figures(members, values, figures, out)
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as worker:
+        second = worker.submit(_draw_figures, members, {c: values[c] for c, *_ in figures[half:]}, figures[half:], out)
+        return _draw_figures(members, values, figures[:half], out) + second.result()
+
+
+def _draw_figures(runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path) -> list[Path]:
+    """`figures` (CURVE_FIGURES entries) drawn on one grid of panels, one figure after another.
+
+    Making the axes and their ticks is most of a figure's cost, so it is paid once,
+    and each figure only replaces the previous one's curves, legend, title and y
+    labels before it is saved.
+    """
     groups = plotted_groups(runs)
-    fig, axes = _panels(len(groups), title)
+    fig, axes = _panels(len(groups))
+    for ax, group in zip(axes, groups):
+        _style_panel(ax, runs.loc[runs["group"] == group, "group_label"].iloc[0])
+    paths = []
+    for curve, name, title, ylabel in figures:
+        _draw_curves(fig, axes, runs, groups, curves[curve], title, ylabel)
+        fig.savefig(out / name, dpi=100)
+        paths.append(out / name)
+    plt.close(fig)
+    return paths
+
+
+def _style_panel(ax, label: str) -> None:
+    ax.set_title(label, fontsize=9, y=1.0)  # a fixed y skips matplotlib's costly automatic title placement
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    # Few ticks: every tick is a Text artist, and making them is most of a figure's cost.
+    ax.xaxis.set_major_locator(MaxNLocator(4))
+    ax.yaxis.set_major_locator(MaxNLocator(4))
+
+
+def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.ndarray, title: str, ylabel: str) -> None:
+    """values[run, step] as one line per run in its group's panel (baseline dashed), in place of the last figure's."""
+    for legend in fig.legends[:]:
+        legend.remove()
     steps = np.arange(1, values.shape[1] + 1)
     for ax, group in zip(axes, groups):
+        for line in ax.get_lines()[:]:
+            line.remove()
         members = runs[runs["group"] == group]
         for row, run in members.iterrows():
             position = runs.index.get_loc(row)
             style = "--" if run["run"] == run["baseline"] else "-"
             ax.plot(steps, values[position], style, color=COLORS.get(run["reduction"], "grey"), lw=1.2, label=run["reduction"])
-        ax.set_title(members["group_label"].iloc[0], fontsize=9, y=1.0)  # a fixed y skips matplotlib's costly automatic title placement
-        ax.set_xlabel("step")
+        ax.relim()
+        ax.autoscale()  # the limits of these curves, computed when the figure is drawn
         ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        # Few ticks: every tick is a Text artist, and making them is most of a figure's cost.
-        ax.xaxis.set_major_locator(MaxNLocator(4))
-        ax.yaxis.set_major_locator(MaxNLocator(4))
+    fig.suptitle(title, y=1 - 0.15 / fig.get_figheight(), va="top")  # a second call replaces the first
     handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
     columns = min(len(handles), 3 * min(len(groups), 4))
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns, frameon=False, fontsize=9)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def loss_curves(runs: pd.DataFrame, loss: np.ndarray, out: Path) -> Path:
-    return _per_group(runs, loss, out / "loss_curves.png", "Loss per comparison group (dashed: baseline)", "loss")
-
-
-def loss_difference(runs: pd.DataFrame, difference: np.ndarray, out: Path) -> Path:
-    return _per_group(runs, difference, out / "loss_difference.png", "Loss minus the baseline's loss", "Δ loss")
-
-
-def gradient_scale(runs: pd.DataFrame, scale: np.ndarray, out: Path) -> Path:
-    # Step 1 is the clean factor (same parameters); later steps compare gradients
-    # at parameters that have drifted apart unless the runs are equivalent.
-    return _per_group(runs, scale, out / "gradient_scale.png", "Gradient scale k against the baseline (sketch)", "k")
-
-
-def gradient_direction(runs: pd.DataFrame, cos: np.ndarray, out: Path) -> Path:
-    title = "Gradient direction: cosine with the baseline (after step 1, runs that train differently have drifted apart)"
-    return _per_group(runs, cos, out / "gradient_direction.png", title, "cosine")
 
 
 def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:

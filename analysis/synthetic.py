@@ -18,6 +18,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from runner.config import RunConfig
+from runner.config_file import write_config_copy
 from runner.metrics_file import write_arrow_copy
 
 SKETCH_DIM = 8
@@ -129,6 +130,7 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
         job = sweep / f"{number}_{run.job_name}"
         job.mkdir()
         (job / "config.yaml").write_text(_config_yaml(run))
+        write_config_copy(job / "config.yaml")  # as the runner's save_run_config does
         records = _records(run)
         with (job / "metrics.jsonl").open("w") as out:
             for record in records:
@@ -161,6 +163,7 @@ def write_cost_job(
                        "wandb.mode": "disabled"}.items():
         OmegaConf.update(cfg, key, value, merge=False)
     (job / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_config_copy(job / "config.yaml")
     rng = np.random.default_rng(seed)
     collectives = {m: {"plain": 1, "functional": 1, "differentiable": 0} for m in modes}
     collectives["sum"] = {"plain": 1, "functional": 0, "differentiable": grad_accum}

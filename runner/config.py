@@ -16,6 +16,8 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from runner.config_file import write_config_copy
+
 
 class Reduction(str, Enum):
     """Loss-reduction modes; the math is in `runner.reduction`."""
@@ -227,7 +229,9 @@ def run_config_yaml(cfg: DictConfig) -> str:
 
 
 def save_run_config(cfg: DictConfig, path: Path) -> None:
+    """config.yaml, and the JSON copy of it that the analysis reads (`runner.config_file`)."""
     path.write_text(run_config_yaml(cfg))
+    write_config_copy(path)
 
 
 def load_run_config(path: Path) -> DictConfig:
