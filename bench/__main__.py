@@ -1,4 +1,4 @@
-"""`python -m bench [b1 .. b7] [--quick]`: the benchmarks, into bench/RESULTS.md (all six when none is named).
+"""`python -m bench [b1 .. b8] [--quick]`: the benchmarks, into bench/RESULTS.md (all eight when none is named).
 
 - b1 harness: the runner's step vs a bare FSDP2 loop, interleaved (goal <= 1.05x)
 - b2 fixed_cost: a job's fixed cost vs a trivial torchrun job of the same W (goal <= 1.5x)
@@ -7,6 +7,7 @@
 - b5 make_run: `make run` end to end, setup done (goal <= 180 s)
 - b6 memory: peak resident memory per rank, tiny and small models
 - b7 clean_ends: 30 consecutive two-rank jobs end with no failure at exit
+- b8 launcher: torch's elastic launcher vs the runner's, paired, as a share of the fixed cost (limit 20%)
 
 --quick runs each at a small size (a smoke test: the figures mean nothing) and
 writes to --out (default: a temporary file, so RESULTS.md keeps real figures).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from bench import report
 
-BENCHES = {"b1": "harness", "b2": "fixed_cost", "b3": "overhead", "b4": "analysis_scale", "b5": "make_run", "b6": "memory", "b7": "clean_ends"}
+BENCHES = {"b1": "harness", "b2": "fixed_cost", "b3": "overhead", "b4": "analysis_scale", "b5": "make_run", "b6": "memory", "b7": "clean_ends", "b8": "launcher"}
 
 
 def main(argv: list[str] | None = None) -> None:

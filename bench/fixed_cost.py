@@ -30,7 +30,18 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - started
 
 
-def run(quick: bool) -> tuple[str, str, str]:
+def runner_job(folder: Path, name: str) -> tuple[float, dict[str, float]]:
+    """Run `python -m runner train.steps=1` in folder/name: (its fixed cost in s, that cost split into parts)."""
+    job = folder / name
+    wall = timed([sys.executable, "-m", "runner", "train.steps=1", f"hydra.run.dir={job}"], folder)
+    summary = json.loads((job / "summary.json").read_text())
+    fixed = wall - summary["wall_s"]["train"]
+    parts = {"spawn": summary["wall_s"]["launch"], **summary["init_s"], "teardown": summary["wall_s"]["teardown"]}
+    parts["parent and wait"] = fixed - sum(parts.values())
+    return fixed, parts
+
+
+def run(quick: bool) -> tuple[str, str, str, str]:
     rounds = 2 if quick else 7
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     trivial = [torchrun, "--standalone", "--nproc-per-node=2", str(Path(__file__).with_name("trivial_rank.py"))]
@@ -38,12 +49,8 @@ def run(quick: bool) -> tuple[str, str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(rounds):
             trivial_s.append(timed(trivial, Path(tmp)))
-            job = Path(tmp) / f"job{index}"
-            wall = timed([sys.executable, "-m", "runner", "train.steps=1", f"hydra.run.dir={job}"], Path(tmp))
-            summary = json.loads((job / "summary.json").read_text())
-            fixed_s.append(wall - summary["wall_s"]["train"])
-            parts = {"spawn": summary["wall_s"]["launch"], **summary["init_s"], "teardown": summary["wall_s"]["teardown"]}
-            parts["parent and wait"] = fixed_s[-1] - sum(parts.values())
+            fixed, parts = runner_job(Path(tmp), f"job{index}")
+            fixed_s.append(fixed)
             splits.append(parts)
     ratios = np.array(fixed_s) / np.array(trivial_s)
     ratio = float(np.median(ratios))

@@ -1,4 +1,4 @@
-"""bench/RESULTS.md: one section per benchmark (B1..B7), each with its machine, date and command.
+"""bench/RESULTS.md: one section per benchmark (B1..B8), each with its machine, date and command.
 
 Running some benchmarks replaces their sections and keeps the others, so the
 file always holds the latest figure of each and how it was made.
@@ -15,7 +15,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "RESULTS.md"
 HEADER = """# Benchmark results
 
-`make bench` (or `python -m bench [b1 .. b7]`) writes this file, one section per
+`make bench` (or `python -m bench [b1 .. b8]`) writes this file, one section per
 benchmark. Every figure is a ratio or a time measured within one invocation;
 absolute times depend on the machine and its load, so each section names both.
 """

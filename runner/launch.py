@@ -81,9 +81,12 @@ def _raise_terminated(signum, frame) -> None:
 
 
 def run_world(
-    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float
+    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, module: str = "runner.worker"
 ) -> WorldOutcome:
-    """Run `python -m runner.worker JOB_DIR *worker_args` as ranks 0..world_size-1 and wait."""
+    """Run `python -m MODULE JOB_DIR *worker_args --spawned-at T` as ranks 0..world_size-1 and wait.
+
+    MODULE is the job's worker; a benchmark passes a stand-in rank program.
+    """
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # A FileStore in a fresh folder: no fixed port, no clash between concurrent sweeps.
@@ -104,7 +107,7 @@ def run_world(
             log_file = open(logs / f"rank{rank}.log", "wb")
             log_files.append(log_file)
             echo = rank == 0
-            command = [sys.executable, "-m", "runner.worker", str(job_dir), *worker_args, "--spawned-at", spawned_at]
+            command = [sys.executable, "-m", module, str(job_dir), *worker_args, "--spawned-at", spawned_at]
             processes.append(
                 subprocess.Popen(
                     command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT

@@ -12,13 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_bench_writes_every_section_but_b5(tmp_path):
     out = tmp_path / "RESULTS.md"
-    # B5 runs `make run` in the repository itself; the other five are self-contained.
+    # B5 runs `make run` in the repository itself; the other seven are self-contained.
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "b1", "b2", "b3", "b4", "b6", "b7", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "bench", "b1", "b2", "b3", "b4", "b6", "b7", "b8", "--quick", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
-    assert re.findall(r"(?m)^## (B\d)\. ", text) == ["B1", "B2", "B3", "B4", "B6", "B7"]
-    assert text.count("Command: `python -m bench b") == 6
+    assert re.findall(r"(?m)^## (B\d)\. ", text) == ["B1", "B2", "B3", "B4", "B6", "B7", "B8"]
+    assert text.count("Command: `python -m bench b") == 7
     assert "Harness overhead:" in text and "Fixed cost:" in text and "| small |" in text
+    assert "Elastic launcher's extra cost per job:" in text
