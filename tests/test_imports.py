@@ -11,7 +11,7 @@ import analysis
 import bench
 import runner
 
-SCRIPTS = {"bench.trivial_rank"}  # a rank script for torchrun: it joins a world when imported
+SCRIPTS = {"bench.trivial_rank", "bench.launcher_rank"}  # rank scripts: they join a world when imported
 MODULES = sorted(
     info.name
     for package in (runner, analysis, bench)
