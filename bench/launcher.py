@@ -12,6 +12,8 @@ Every round runs, in a random order, five arms of W=2 on this machine:
 
 The difference is paired per round (rounds are independent jobs), its 95% CI a bootstrap over rounds.
 Where the time goes comes from the ranks' timestamps and the elastic agent's own `@prof` metrics.
+The launching process's own import of torch and the launcher, which the agent needs and the runner's
+launcher does not, is measured in fresh processes (`bench.launcher_imports`) and added for a single run.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from unittest import mock
 import numpy as np
 
 from bench.fixed_cost import runner_job
+from bench.launcher_imports import autogroup
+from bench.launcher_imports import measure as measure_imports
 from runner.launch import run_world
 
 LIMIT = 0.20  # the issue's bar: elastic stays out if its extra cost is above this share of the fixed cost
@@ -151,20 +155,6 @@ ELASTIC_PHASES = [
 ]
 
 
-def import_cost() -> float:
-    """Seconds to import the elastic launcher in a process that has imported torch (once per sweep, not per job)."""
-    code = "import time, torch; t = time.perf_counter(); import torch.distributed.launcher.api; print(time.perf_counter() - t)"
-    return float(np.median([float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                                                   text=True).stdout) for _ in range(3)]))  # fmt: skip
-
-
-def autogroup() -> str:
-    try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
-    except OSError:
-        return "absent"
-
-
 def median_ci(values: np.ndarray, denominator: np.ndarray | None = None, reps: int = 10_000) -> tuple[float, float]:
     """95% bootstrap CI over rounds of median(values) (over median(denominator), resampled with them, if given)."""
     rng = np.random.default_rng(0)
@@ -240,6 +230,7 @@ def run(quick: bool) -> tuple[str, str, str, str]:
     agent_table = "\n".join(
         f"| {name} | {s:.3f} |" for (name, _, _), s in zip(ELASTIC_PHASES, phase_rows(marks["elastic"], ELASTIC_PHASES))
     )
+    imports = measure_imports(2 if quick else 5)
     body = f"""
 {rounds} rounds; each runs five arms in a random order (W=2, gloo, this machine): the runner's `run_world` and
 torch's `elastic_launch` (c10d rendezvous on a free port, max_restarts=0, per-rank log files, rank 0 tee'd)
@@ -248,7 +239,7 @@ leave); `run_world` once more as the null control, and once with its ranks in se
 `python -m runner train.steps=1` (tiny, W&B offline), whose wall time minus training is the per-job fixed cost,
 as B2 measures it. Launcher arms are timed in this
 process, which has torch and the elastic modules imported (importing `torch.distributed.launcher.api` after
-torch costs {import_cost():.2f} s, once per sweep, not per job: not in the figures).
+torch costs {imports.after_torch_s:.2f} s, once per sweep, not per job: not in the figures).
 
 | arm | median s | p90 s |
 |---|---|---|
@@ -288,10 +279,18 @@ functions timed the same way: the rendezvous' `_delay` and `TailLog.stop`):
 |---|---|
 {agent_table}
 
+The runner's launching process never imports torch (`runner.job` checks for a CUDA device node first); the
+agent would make it import torch and the launcher: {imports.fresh_s:.2f} s in a fresh process (median of
+{imports.reps}), once per sweep and once per single run. A single run would then pay
+{np.median(diff):+.2f} + {imports.fresh_s:.2f} = {np.median(diff) + imports.fresh_s:.2f} s, **{(np.median(diff) + imports.fresh_s) / np.median(fixed):.0%} of its fixed cost**;
+a sweep of n jobs {np.median(diff):.2f} + {imports.fresh_s:.2f}/n s a job ({(np.median(diff) + imports.fresh_s / 10) / np.median(fixed):.0%} at n = 10).
+
 **Elastic launcher's extra cost per job: {np.median(diff):+.2f} s, {fraction:+.1%} of the {np.median(fixed):.2f} s fixed cost
 (limit {LIMIT:.0%}): {verdict(diff_ci, null_ci, fraction_ci)}. Against ranks in their own sessions:
 {np.median(session_diff):+.2f} s, {verdict(session_ci, null_ci, session_fraction_ci)}. Less its ranks' imports:
-{np.median(own_diff):+.2f} s, {verdict(own_diff_ci, own_null_ci, own_fraction_ci)}.**
+{np.median(own_diff):+.2f} s, {verdict(own_diff_ci, own_null_ci, own_fraction_ci)}. With the launching
+process's own import, a single run: {(np.median(diff) + imports.fresh_s) / np.median(fixed):.0%} of the fixed cost,
+{'ABOVE' if (np.median(diff) + imports.fresh_s) / np.median(fixed) > LIMIT else 'below'} the {LIMIT:.0%} limit.**
 """
     return "B8", "Elastic launcher (torchrun's engine) vs the runner's, against the fixed cost", "python -m bench b8" + (
         " --quick" if quick else ""
