@@ -1,10 +1,10 @@
 """B1: the runner's step against a bare minimal FSDP2 loop, interleaved in one world (goal: <= 1.05x).
 
-One W-rank gloo world holds three trainers of the same model, data and
+One W-rank gloo world holds four trainers of the same model, data and
 optimizer (`sum`): the runner's (`runner.train.Trainer`: sampled collective
 counting, gradient sketch, world step time, JSONL and offline W&B logging on
-rank 0) and two bare loops (`bench.bare_loop`). Every step runs the three in a
-fresh random order, each after a barrier, and times each as the slowest
+rank 0), the same with that measurement off, and two bare loops
+(`bench.bare_loop`). Every step runs the four in a fresh random order, each after a barrier, and times each as the slowest
 rank's. The ratio is the median over steps of runner / bare on the same step,
 with a moving-block-bootstrap 95% CI; bare_again / bare is the null control.
 """
@@ -33,14 +33,22 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> list[l
     from runner.config import config_with
     from runner.wandb_run import start_wandb_run
 
-    cfg = config_with({"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "train.log_every": 10**6})
+    overrides = {"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "train.log_every": 10**6}
+    cfg = config_with(overrides)
     meshes = build_meshes(ParallelLayout(world_size, 1, grad_accum), "cpu")
     device = torch.device("cpu")
     logger = None
     if dist.get_rank() == 0:
         run = start_wandb_run(cfg, Path(folder), name="harness", group="bench", extra_config={})
         logger = MetricLogger(Path(folder) / "metrics.jsonl", run)
-    arms = {"runner": Trainer(cfg, meshes, device, logger), "bare": BareLoop(cfg, meshes, device), "bare_again": BareLoop(cfg, meshes, device)}
+    # The runner with its measurement off (no sketch, no counting, no logging): what the rest of its step costs.
+    quiet = config_with({**overrides, "metrics.sketch_dim": 0, "metrics.count_comm": False})
+    arms = {
+        "runner": Trainer(cfg, meshes, device, logger),
+        "runner_metrics_off": Trainer(quiet, meshes, device, None),
+        "bare": BareLoop(cfg, meshes, device),
+        "bare_again": BareLoop(cfg, meshes, device),
+    }
     names = list(arms)
     times = torch.zeros(steps, len(names), dtype=torch.float64)
     for step in range(1, steps + 1):
@@ -62,9 +70,9 @@ def run(quick: bool) -> tuple[str, str, str]:
     steps, world_size, grad_accum = (20, 2, 2) if quick else (300, 2, 2)
     with tempfile.TemporaryDirectory() as folder:
         times = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
-    frame = pd.DataFrame(times, columns=["runner", "bare", "bare_again"], index=range(1, steps + 1))
+    frame = pd.DataFrame(times, columns=["runner", "runner_metrics_off", "bare", "bare_again"], index=range(1, steps + 1))
     table = paired_overheads(frame, warmup_steps=5, baseline="bare").set_index("mode")
-    runner, null = table.loc["runner"], table.loc["bare_again"]
+    runner, null, quiet = table.loc["runner"], table.loc["bare_again"], table.loc["runner_metrics_off"]
     null_ok = null["ci_low"] <= 1 <= null["ci_high"]
     verdict = "met" if runner["ci_high"] <= GOAL else ("not met" if runner["ci_low"] > GOAL else "not resolved")
     body = f"""
@@ -75,6 +83,7 @@ Tiny model, W={world_size} gloo ranks, grad_accum={grad_accum}, `sum`, AdamW wit
 |---|---|---|---|
 | bare | {frame['bare'].iloc[5:].median() * 1e3:.2f} | 1 | |
 | runner | {frame['runner'].iloc[5:].median() * 1e3:.2f} | {runner['ratio']:.3f} | [{runner['ci_low']:.3f}, {runner['ci_high']:.3f}] |
+| runner, metrics off (no sketch, counting or logging) | {frame['runner_metrics_off'].iloc[5:].median() * 1e3:.2f} | {quiet['ratio']:.3f} | [{quiet['ci_low']:.3f}, {quiet['ci_high']:.3f}] |
 | bare_again (null control) | {frame['bare_again'].iloc[5:].median() * 1e3:.2f} | {null['ratio']:.3f} | [{null['ci_low']:.3f}, {null['ci_high']:.3f}] |
 
 Null control {'passes' if null_ok else 'FAILS'} (its CI {'contains' if null_ok else 'excludes'} 1).
