@@ -4,9 +4,10 @@ One W-rank gloo world holds four trainers of the same model, data and
 optimizer (`sum`): the runner's (`runner.train.Trainer`: sampled collective
 counting, gradient sketch, world step time, JSONL and offline W&B logging on
 rank 0), the same with that measurement off, and two bare loops
-(`bench.bare_loop`). Every step runs the four in a fresh random order, each after a barrier, and times each as the slowest
-rank's. The ratio is the median over steps of runner / bare on the same step,
-with a moving-block-bootstrap 95% CI; bare_again / bare is the null control.
+(`bench.bare_loop`). Every step runs the four in a fresh random order, each
+after a barrier, and times each as the slowest rank's. The ratio is the
+median over steps of runner / bare on the same step, with a
+moving-block-bootstrap 95% CI; bare_again / bare is the null control.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 GOAL = 1.05
+ARMS = ("runner", "runner_metrics_off", "bare", "bare_again")  # the columns of `measure`'s times
 
 
 def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> list[list[float]] | None:
@@ -43,19 +45,14 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> list[l
         logger = MetricLogger(Path(folder) / "metrics.jsonl", run)
     # The runner with its measurement off (no sketch, no counting, no logging): what the rest of its step costs.
     quiet = config_with({**overrides, "metrics.sketch_dim": 0, "metrics.count_comm": False})
-    arms = {
-        "runner": Trainer(cfg, meshes, device, logger),
-        "runner_metrics_off": Trainer(quiet, meshes, device, None),
-        "bare": BareLoop(cfg, meshes, device),
-        "bare_again": BareLoop(cfg, meshes, device),
-    }
-    names = list(arms)
-    times = torch.zeros(steps, len(names), dtype=torch.float64)
+    # In ARMS's order:
+    arms = [Trainer(cfg, meshes, device, logger), Trainer(quiet, meshes, device, None), BareLoop(cfg, meshes, device), BareLoop(cfg, meshes, device)]
+    times = torch.zeros(steps, len(ARMS), dtype=torch.float64)
     for step in range(1, steps + 1):
-        for index in np.random.default_rng([7, step]).permutation(len(names)):
+        for index in np.random.default_rng([7, step]).permutation(len(ARMS)):
             dist.barrier()
             started = time.perf_counter()
-            arms[names[index]].step(step)
+            arms[index].step(step)
             times[step - 1, index] = time.perf_counter() - started
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     if logger is not None:
@@ -70,7 +67,7 @@ def run(quick: bool) -> tuple[str, str, str]:
     steps, world_size, grad_accum = (20, 2, 2) if quick else (300, 2, 2)
     with tempfile.TemporaryDirectory() as folder:
         times = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
-    frame = pd.DataFrame(times, columns=["runner", "runner_metrics_off", "bare", "bare_again"], index=range(1, steps + 1))
+    frame = pd.DataFrame(times, columns=list(ARMS), index=range(1, steps + 1))
     table = paired_overheads(frame, warmup_steps=5, baseline="bare").set_index("mode")
     runner, null, quiet = table.loc["runner"], table.loc["bare_again"], table.loc["runner_metrics_off"]
     null_ok = null["ci_low"] <= 1 <= null["ci_high"]

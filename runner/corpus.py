@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
@@ -72,16 +71,10 @@ def document_bytes(path: str | None, text_field: str) -> list[bytes]:
     return documents
 
 
-@dataclass(frozen=True)
-class CorpusShape:
-    documents: int
-    packed_bytes: int  # the concatenated stream data.packing=true cuts windows from
-
-
 @functools.lru_cache(maxsize=32)
-def _shape(path: str | None, text_field: str, _version: tuple) -> CorpusShape:
-    documents = document_bytes(path, text_field)
-    return CorpusShape(len(documents), sum(len(doc) + len(PACKING_SEPARATOR) for doc in documents))
+def _packed_bytes(path: str | None, text_field: str, _version: tuple) -> int:
+    """The length of the stream data.packing=true cuts windows from (raises CorpusError)."""
+    return sum(len(doc) + len(PACKING_SEPARATOR) for doc in document_bytes(path, text_field))
 
 
 def _version(path: str | None) -> tuple:
@@ -90,20 +83,21 @@ def _version(path: str | None) -> tuple:
         return ()
     root = Path(path).expanduser()
     files = sorted(root.rglob("*.txt")) if root.is_dir() else [root]
-    return tuple((str(file), file.stat().st_mtime_ns, file.stat().st_size) for file in files)
+    stats = ((file, file.stat()) for file in files)
+    return tuple((str(file), stat.st_mtime_ns, stat.st_size) for file, stat in stats)
 
 
 def corpus_problem(path: str | None, text_field: str, *, seq_len: int, packing: bool) -> str | None:
     """Why this data cannot give one training sequence, or None."""
     try:
-        shape = _shape(path, text_field, _version(path))
+        packed_bytes = _packed_bytes(path, text_field, _version(path))
     except CorpusError as error:
         return str(error)
     # A packed window is seq_len inputs plus the last target; GlobalBatches needs one more byte of slack.
-    if packing and shape.packed_bytes < seq_len + 2:
+    if packing and packed_bytes < seq_len + 2:
         return (
-            f"data.path={path} holds {shape.packed_bytes} bytes, too few for one packed sequence of "
-            f"train.seq_len={seq_len} (needs {seq_len + 2}); use train.seq_len<={shape.packed_bytes - 2}, "
+            f"data.path={path} holds {packed_bytes} bytes, too few for one packed sequence of "
+            f"train.seq_len={seq_len} (needs {seq_len + 2}); use train.seq_len<={packed_bytes - 2}, "
             f"more text, or data.packing=false"
         )
     return None

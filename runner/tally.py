@@ -13,10 +13,10 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from runner.config_file import read_config
 from runner.summary import STATUSES, read_summary
 
 log = logging.getLogger("runner")
@@ -34,7 +34,7 @@ def tally(sweep_dir: Path) -> tuple[Counter, list[str]]:
     for job in sorted(p for p in sweep_dir.iterdir() if (p / "config.yaml").exists()):
         status = (read_summary(job) or {}).get("status", "failed")  # no summary: it never finished
         counts[status] += 1
-        fault_kind = (yaml.safe_load((job / "config.yaml").read_text()) or {}).get("fault", {}).get("kind")
+        fault_kind = (read_config(job / "config.yaml") or {}).get("fault", {}).get("kind")
         if ends_badly(status, fault_kind):
             bad.append(f"{job.name} ({status})")
     return counts, bad
