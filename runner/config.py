@@ -129,6 +129,9 @@ class MetricsConfig:
     count_comm: bool = True
     count_first: int = 3
     count_every: int = 20
+    # Steps between the all-gathers that give the world's step times, skews and
+    # sketches; rank 0 writes their records then (one collective per 10 steps, not per step).
+    gather_every: int = 10
 
 
 @dataclass

@@ -28,15 +28,20 @@ def _local(value: torch.Tensor) -> torch.Tensor:
 
 
 def clip_gradients(model: nn.Module, max_norm: float) -> tuple[float, float]:
-    """(global grad norm before clipping, factor applied); max_norm <= 0 only measures."""
-    parameters = [p for p in model.parameters() if p.grad is not None]
-    total_norm = _full(torch.nn.utils.get_total_norm([p.grad for p in parameters], norm_type=2.0))
+    """(global grad norm before clipping, factor applied); max_norm <= 0 only measures.
+
+    The norm: each rank's shard norms combined by DTensor into one all-reduce.
+    The factor is `clip_grads_with_norm_`'s, min(1, max_norm / (norm + 1e-6)) in
+    the norm's dtype, applied to each rank's local shards: the same bits,
+    without a DTensor dispatch per parameter.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total_norm = _full(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
     if max_norm <= 0:
         return total_norm.item(), 1.0
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm)
-    # The same factor clip_grads_with_norm_ applies.
-    clip_coef = min(1.0, max_norm / (total_norm.item() + 1e-6))
-    return total_norm.item(), clip_coef
+    clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_([_local(g) for g in grads], clip_coef)
+    return total_norm.item(), clip_coef.item()
 
 
 class GradientSketch:
@@ -48,15 +53,20 @@ class GradientSketch:
 
     def __init__(self, model: nn.Module, dim: int, sketch_seed: int):
         self.dim = dim
-        self.projections: list[tuple[nn.Parameter, torch.Tensor]] = []
-        for name, param in model.named_parameters():
+        self.params = list(model.parameters())
+        sizes = [_local(param).numel() for param in self.params]  # this rank's elements of each
+        device = self.params[0].device
+        # [K, this rank's elements of every parameter, end to end], in float64 once rather than every step.
+        self.flat = torch.empty((dim, sum(sizes)), dtype=torch.float64, device=device)
+        self.zeros = {size: torch.zeros(size, device=device) for size in set(sizes)}  # for a parameter without a gradient
+        start = 0
+        for (name, param), size in zip(model.named_parameters(), sizes):
             generator = torch.Generator().manual_seed(sketch_seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.randn((dim, *param.shape), generator=generator)
-            # A copy of this rank's slice (a view would keep all of `full` alive: K times
-            # the whole model on every rank), in float64 once rather than every step.
-            local = self._local_slice(full, param).reshape(dim, -1).to(torch.float64)
-            del full
-            self.projections.append((param, local.to(param.device)))
+            # Only this rank's slice is kept: K times the whole model on every rank would not fit.
+            self.flat[:, start : start + size] = self._local_slice(full, param).reshape(dim, -1)
+            start += size
+        self.sizes = sizes
 
     @staticmethod
     def _local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -68,10 +78,7 @@ class GradientSketch:
         return full[index]
 
     def partial_sums(self) -> torch.Tensor:
-        """This rank's sum over its shard of p_k * g, for k < K (float64)."""
-        first = self.projections[0][1]
-        sketch = torch.zeros(self.dim, dtype=torch.float64, device=first.device)
-        for param, projection in self.projections:
-            if param.grad is not None:
-                sketch += projection @ _local(param.grad).reshape(-1).double()
-        return sketch
+        """This rank's sum over its shard of p_k * g, for k < K (float64): one product of the
+        [K, shard] projections with the shard's gradients laid end to end."""
+        grads = [_local(p.grad).reshape(-1) if p.grad is not None else self.zeros[n] for p, n in zip(self.params, self.sizes)]
+        return self.flat @ torch.cat(grads).double()

@@ -6,14 +6,18 @@ Every rank runs this same loop on its share of each step's global batch; rank
 
 What a step's timing means:
 - `step_time_s` is the world's step time: the slowest rank's forward/backward
-  plus optimizer time (one all-gather after the step, outside the timing,
-  which also sums the ranks' gradient-sketch shares).
-  A rank that waits in a collective for a slower peer, or for rank 0's logging
-  of the previous step, has that wait in its own time, so the maximum holds it.
+  plus optimizer time. A rank that waits in a collective for a slower peer, or
+  for rank 0's logging, has that wait in its own time, so the maximum holds it.
 - `peer_skew_s` is the spread of the ranks' wall-clock arrival at the step's
   first collective (the valid-token all-reduce): how long the earliest rank
   waited for the latest there. Clocks agree on one machine; across nodes they
   are only as close as NTP keeps them.
+
+Each rank keeps its step times, arrivals and gradient-sketch shares, and one
+all-gather every `metrics.gather_every` steps (and after the last) turns them
+into those world figures; rank 0 writes the steps' records then. A job that
+fails writes its pending records with the world figures null (a rank 0 killed
+outright loses them: at most gather_every - 1 steps).
 
 Collectives are counted on a sample of steps (`metrics.count_first` and every
 `metrics.count_every`-th, and the last): their calls and bytes are the same
@@ -68,24 +72,19 @@ def counted_step(step: int, steps: int, metrics: DictConfig) -> bool:
     return step <= metrics.count_first or step % metrics.count_every == 0 or step == steps
 
 
-def world_gather(
-    elapsed_s: float, arrival_s: float, sketch_part: torch.Tensor | None, group: dist.ProcessGroup, device: torch.device
-) -> tuple[float, float, list[float] | None]:
-    """(max over ranks of `elapsed_s`, spread of `arrival_s`, the sketch: sum over ranks of `sketch_part`).
+def world_gather(rows: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
+    """Every rank's [steps, 2 + K] rows [elapsed, arrival, sketch partial sums] in one all-gather:
+    per step [max over ranks of elapsed, spread of arrival, the sketch: sum over ranks].
 
-    One all-gather of every rank's [elapsed, arrival, sketch partial sums] is
-    the step's only measurement collective; the sums run in rank order, so
-    every rank gets the same bits.
+    The sums run in rank order, so every rank gets the same bits.
     """
-    own = torch.tensor([elapsed_s, arrival_s], dtype=torch.float64, device=device)
-    if sketch_part is not None:
-        own = torch.cat([own, sketch_part.to(device)])
-    rows = [torch.empty_like(own) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(rows, own, group=group)
-    table = torch.stack(rows).cpu()
-    slowest, latest, earliest = table[:, 0].max().item(), table[:, 1].max().item(), table[:, 1].min().item()
-    sketch = table[:, 2:].sum(dim=0).tolist() if sketch_part is not None else None
-    return slowest, latest - earliest, sketch
+    gathered = [torch.empty_like(rows, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, rows.to(device), group=group)
+    table = torch.stack(gathered).cpu()  # [rank, step, field]
+    arrival = table[:, :, 1]
+    return torch.cat(
+        [table[:, :, :1].amax(dim=0), (arrival.amax(dim=0) - arrival.amin(dim=0))[:, None], table[:, :, 2:].sum(dim=0)], dim=1
+    )
 
 
 def synchronize(device: torch.device) -> None:
@@ -118,6 +117,7 @@ class Trainer:
         self.sketch = GradientSketch(self.model, metrics.sketch_dim, metrics.sketch_seed) if metrics.sketch_dim else None
         self.counter = CollectiveCounter() if metrics.count_comm else None
         self.tokens = 0
+        self.pending: list[tuple[dict, torch.Tensor]] = []  # records awaiting their world figures, with this rank's row
 
     def step(self, step: int) -> dict:
         """Optimizer step `step` (1-based) on this rank; returns its metrics record (logged on rank 0)."""
@@ -150,7 +150,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
         rank_step_time = (backward_done - started) + (time.perf_counter() - optimizer_started)
-        step_time, skew, grad_sketch = world_gather(rank_step_time, arrival, sketch_part, self.group, self.device)
+        own = torch.tensor([rank_step_time, arrival], dtype=torch.float64)
 
         self.tokens += step_loss.valid_tokens
         fewest, most = micro_batch_token_range(batch, dp=self.layout.dp, grad_accum=cfg.grad_accum)
@@ -167,20 +167,36 @@ class Trainer:
             "grad_norm": grad_norm,
             "clip_coef": clip_coef,
             "lr": lr,
-            "step_time_s": step_time,
+            "step_time_s": None,  # the world figures: filled in by the next gather
             "rank_step_time_s": rank_step_time,
-            "peer_skew_s": skew,
-            "tokens_per_s": step_loss.valid_tokens / step_time,
+            "peer_skew_s": None,
+            "tokens_per_s": None,
             # Sampled steps only (null elsewhere): calls and bytes are the same every step.
             "comm": add_counts(forward_backward_comm, counter.take()) if counter is not None else None,
             "loss_comm": forward_backward_comm.get("all_reduce", NO_COMM) if counter is not None else None,
-            "grad_sketch": grad_sketch,
+            "grad_sketch": None,
         }
+        self.pending.append((record, own if sketch_part is None else torch.cat([own, sketch_part.cpu()])))
         if self.logger is not None:
-            self.logger.log(record)
-            if step == 1 or step % cfg.train.log_every == 0 or step == cfg.train.steps:
-                print(progress_line(record, cfg.train.steps), flush=True)
+            self.logger.hold(record)
+        if step % cfg.metrics.gather_every == 0 or step == cfg.train.steps:
+            self.gather_pending()
         return record
+
+    def gather_pending(self) -> None:
+        """The world figures of the steps since the last gather (one all-gather; every rank calls it at the same step)."""
+        if not self.pending:
+            return
+        world = world_gather(torch.stack([row for _, row in self.pending]), self.group, self.device).tolist()
+        for (record, _), (step_time, skew, *sketch) in zip(self.pending, world):
+            record.update(step_time_s=step_time, peer_skew_s=skew, tokens_per_s=record["valid_tokens"] / step_time)
+            record["grad_sketch"] = sketch if self.sketch is not None else None
+        self.pending = []
+        if self.logger is not None:
+            for record in self.logger.write_held():
+                step = record["step"]
+                if step == 1 or step % self.cfg.train.log_every == 0 or step == self.cfg.train.steps:
+                    print(progress_line(record, self.cfg.train.steps), flush=True)
 
 
 def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
@@ -202,5 +218,6 @@ def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricL
             if logger is not None:
                 print(f"diverged: {result.error}", flush=True)
             break
+    trainer.gather_pending()  # a diverged step's world figures (every rank stops at the same step)
     result.peak_rss_mib = peak_rss_mib(trainer.group)
     return result

@@ -178,6 +178,8 @@ def _count_problems(metrics: DictConfig) -> list[tuple[str, str]]:
         found.append(("metrics.count_first", f"metrics.count_first={metrics.count_first} must be >= 0"))
     if metrics.count_every < 1:
         found.append(("metrics.count_every", f"metrics.count_every={metrics.count_every} must be >= 1 (1 counts every step)"))
+    if metrics.gather_every < 1:
+        found.append(("metrics.gather_every", f"metrics.gather_every={metrics.gather_every} must be >= 1 (1 gathers every step)"))
     return found
 
 
