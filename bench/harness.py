@@ -5,13 +5,19 @@ optimizer (`sum`): the runner's (`runner.train.Trainer`: sampled collective
 counting, gradient sketch, world step time, JSONL and offline W&B logging on
 rank 0), the same with that measurement off, and two bare loops
 (`bench.bare_loop`). Every step runs the four in a fresh random order, each
-after a barrier, and times each as the slowest rank's. The ratio is the
-median over steps of runner / bare on the same step, with a
-moving-block-bootstrap 95% CI; bare_again / bare is the null control.
+after a barrier, and times each as the slowest rank's. Two ratios, each
+with a moving-block-bootstrap 95% CI; bare_again / bare is the null control:
+- typical step: the median over steps of runner / bare on the same step;
+- whole run: total runner time / total bare time over the same steps. This
+  one holds the work the runner does on some steps only (collectives counted
+  on sampled steps, the world gather and rank 0's writes every
+  `metrics.gather_every` steps), which a median over steps leaves out.
+The goal is met when both CIs lie at or below it.
 """
 
 from __future__ import annotations
 
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +31,15 @@ GOAL = 1.05
 ARMS = ("runner", "runner_metrics_off", "bare", "bare_again")  # the columns of `measure`'s times
 
 
-def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> list[list[float]] | None:
-    """On every rank of the world: [step][arm] world times; rank 0 returns them."""
+def config_defaults():
+    from runner.config import config_with
+
+    return config_with({}).metrics
+
+
+def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[list[list[float]], float] | None:
+    """On every rank of the world: [step][arm] world times; rank 0 returns them and the CPU seconds
+    of W&B's service process (it runs beside every arm, so no arm's time holds it)."""
     from bench.bare_loop import BareLoop
     from runner.layout import ParallelLayout
     from runner.metrics import MetricLogger
@@ -55,9 +68,28 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> list[l
             arms[index].step(step)
             times[step - 1, index] = time.perf_counter() - started
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    if logger is not None:
-        logger.close()
-    return times.tolist() if dist.get_rank() == 0 else None
+    if logger is None:
+        return None
+    logger.close()
+    import wandb
+
+    wandb.teardown()  # the service process ends and is reaped: its CPU time joins this rank's children's
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return times.tolist(), children.ru_utime + children.ru_stime
+
+
+def whole_run_ratios(frame: pd.DataFrame, warmup_steps: int, baseline: str = "bare", seed: int = 0) -> pd.DataFrame:
+    """Per arm: sum over steps of its time / the baseline's, with a 95% moving-block-bootstrap CI."""
+    from analysis.cost import moving_blocks
+
+    steady = frame[frame.index > warmup_steps]
+    n = len(steady)
+    index = moving_blocks(n, max(1, round(n ** (1 / 3))), np.random.default_rng(seed))
+    arms = [arm for arm in steady.columns if arm != baseline]
+    times, base = steady[arms].to_numpy(), steady[baseline].to_numpy()
+    boot = times[index].sum(axis=1) / base[index].sum(axis=1)[:, None]  # [resample, arm]
+    low, high = np.percentile(boot, [2.5, 97.5], axis=0)
+    return pd.DataFrame({"ratio": times.sum(axis=0) / base.sum(), "ci_low": low, "ci_high": high}, index=arms)
 
 
 def run(quick: bool) -> tuple[str, str, str]:
@@ -66,25 +98,43 @@ def run(quick: bool) -> tuple[str, str, str]:
 
     steps, world_size, grad_accum = (20, 2, 2) if quick else (300, 2, 2)
     with tempfile.TemporaryDirectory() as folder:
-        times = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
+        times, wandb_cpu_s = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
     frame = pd.DataFrame(times, columns=list(ARMS), index=range(1, steps + 1))
-    table = paired_overheads(frame, warmup_steps=5, baseline="bare").set_index("mode")
-    runner, null, quiet = table.loc["runner"], table.loc["bare_again"], table.loc["runner_metrics_off"]
-    null_ok = null["ci_low"] <= 1 <= null["ci_high"]
-    verdict = "met" if runner["ci_high"] <= GOAL else ("not met" if runner["ci_low"] > GOAL else "not resolved")
+    typical = paired_overheads(frame, warmup_steps=5, baseline="bare").set_index("mode")
+    whole = whole_run_ratios(frame, warmup_steps=5)
+    nulls_ok = all(t.loc["bare_again", "ci_low"] <= 1 <= t.loc["bare_again", "ci_high"] for t in (typical, whole))
+    worst_high = max(typical.loc["runner", "ci_high"], whole.loc["runner", "ci_high"])
+    worst_low = max(typical.loc["runner", "ci_low"], whole.loc["runner", "ci_low"])
+    verdict = "met" if worst_high <= GOAL else ("not met" if worst_low > GOAL else "not resolved")
+    labels = {"runner": "runner", "runner_metrics_off": "runner, metrics off (no sketch, counting or logging)", "bare_again": "bare_again (null control)"}
+    steady = frame.iloc[5:]
+
+    def cells(table: pd.DataFrame, arm: str) -> str:
+        return f"{table.loc[arm, 'ratio']:.3f} [{table.loc[arm, 'ci_low']:.3f}, {table.loc[arm, 'ci_high']:.3f}]"
+
+    rows = "\n".join(
+        f"| {labels[arm]} | {steady[arm].median() * 1e3:.2f} | {steady[arm].mean() * 1e3:.2f} | {cells(typical, arm)} | {cells(whole, arm)} |"
+        for arm in ("runner", "runner_metrics_off", "bare_again")
+    )
+    cfg_defaults = config_defaults()
     body = f"""
 Tiny model, W={world_size} gloo ranks, grad_accum={grad_accum}, `sum`, AdamW with clipping, {steps} interleaved steps
-(the first 5 left out), W&B offline, default `metrics.*` (counting on {3} first steps and every 20th).
+(the first 5 left out), W&B offline, default `metrics.*` (collectives counted on the first {cfg_defaults.count_first} steps
+and every {cfg_defaults.count_every}th, the world gathered every {cfg_defaults.gather_every} steps).
+Ratios to bare with 95% CIs: typical step = median over steps of the paired ratio;
+whole run = total time over total time (it holds what the runner does on some steps only).
 
-| arm | median step ms | ratio to bare | 95% CI |
-|---|---|---|---|
-| bare | {frame['bare'].iloc[5:].median() * 1e3:.2f} | 1 | |
-| runner | {frame['runner'].iloc[5:].median() * 1e3:.2f} | {runner['ratio']:.3f} | [{runner['ci_low']:.3f}, {runner['ci_high']:.3f}] |
-| runner, metrics off (no sketch, counting or logging) | {frame['runner_metrics_off'].iloc[5:].median() * 1e3:.2f} | {quiet['ratio']:.3f} | [{quiet['ci_low']:.3f}, {quiet['ci_high']:.3f}] |
-| bare_again (null control) | {frame['bare_again'].iloc[5:].median() * 1e3:.2f} | {null['ratio']:.3f} | [{null['ci_low']:.3f}, {null['ci_high']:.3f}] |
+| arm | median step ms | mean step ms | typical step | whole run |
+|---|---|---|---|---|
+| bare | {steady['bare'].median() * 1e3:.2f} | {steady['bare'].mean() * 1e3:.2f} | 1 | 1 |
+{rows}
 
-Null control {'passes' if null_ok else 'FAILS'} (its CI {'contains' if null_ok else 'excludes'} 1).
-**Harness overhead: {runner['ratio']:.3f}x (95% CI [{runner['ci_low']:.3f}, {runner['ci_high']:.3f}]); goal <= {GOAL}: {verdict}.**
+W&B's service process used {wandb_cpu_s:.2f} s of CPU, {wandb_cpu_s / steps * 1e3:.2f} ms per logged step
+({wandb_cpu_s / steps / steady['bare'].mean() * 100:.1f}% of a bare step; its start-up included): it runs beside all four arms, so no ratio above holds it.
+
+Null control {'passes' if nulls_ok else 'FAILS'} (both its CIs {'contain' if nulls_ok else 'do not both contain'} 1).
+**Harness overhead: typical step {cells(typical, 'runner')}, whole run {cells(whole, 'runner')}; goal <= {GOAL}
+(both CIs at or below it): {verdict}.**
 """
     command = "python -m bench b1" + (" --quick" if quick else "")
     return "B1", "Harness: the runner's step vs a bare FSDP2 loop, interleaved", command, body

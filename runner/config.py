@@ -128,7 +128,7 @@ class MetricsConfig:
     # Calls and bytes are the same every step; count_every=1 counts every step.
     count_comm: bool = True
     count_first: int = 3
-    count_every: int = 20
+    count_every: int = 100
     # Steps between the all-gathers that give the world's step times, skews and
     # sketches; rank 0 writes their records then (one collective per 10 steps, not per step).
     gather_every: int = 10
