@@ -48,7 +48,7 @@ class GradientSketch:
     """K fixed projections, stored as this rank's slices in float64 (K x the shard: 8.9 MB for `tiny` at W=1).
 
     `partial_sums()` is this rank's share of <p_k, g>; the world's sketch is
-    their sum over ranks (the trainer adds it to its one per-step gather).
+    their sum over ranks (the trainer adds it to its world gather, every `metrics.gather_every` steps).
     """
 
     def __init__(self, model: nn.Module, dim: int, sketch_seed: int):
