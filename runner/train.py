@@ -141,7 +141,7 @@ class Trainer:
         # reduce-scatters, Ulysses moves activations with all-to-alls: every
         # all-reduce of forward/backward is the loss's (N and the mode's own).
         forward_backward_comm = counter.take() if counter is not None else None
-        # Measurement only: outside the counter and the step time (summed over ranks below).
+        # Measurement only: outside the counter and the step time (summed over ranks at the next gather).
         sketch_part = self.sketch.partial_sums() if self.sketch is not None else None
         optimizer_started = time.perf_counter()
         with counting:
@@ -150,7 +150,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
         rank_step_time = (backward_done - started) + (time.perf_counter() - optimizer_started)
-        own = torch.tensor([rank_step_time, arrival], dtype=torch.float64)
+        # This rank's row for the next gather, on the device (no copy back per step on a GPU).
+        own = torch.tensor([rank_step_time, arrival], dtype=torch.float64, device=self.device)
 
         self.tokens += step_loss.valid_tokens
         fewest, most = micro_batch_token_range(batch, dp=self.layout.dp, grad_accum=cfg.grad_accum)
@@ -176,7 +177,7 @@ class Trainer:
             "loss_comm": forward_backward_comm.get("all_reduce", NO_COMM) if counter is not None else None,
             "grad_sketch": None,
         }
-        self.pending.append((record, own if sketch_part is None else torch.cat([own, sketch_part.cpu()])))
+        self.pending.append((record, own if sketch_part is None else torch.cat([own, sketch_part])))
         if self.logger is not None:
             self.logger.hold(record)
         if step % cfg.metrics.gather_every == 0 or step == cfg.train.steps:
