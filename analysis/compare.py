@@ -27,6 +27,8 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from analysis import nanstats
+
 NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 
 
@@ -78,7 +80,7 @@ def first_true(mask: np.ndarray) -> np.ndarray:
 def _nan_median(values: np.ndarray) -> np.ndarray:
     out = np.full(values.shape[0], np.nan)
     has = np.isfinite(values).any(axis=1)
-    out[has] = np.nanmedian(values[has], axis=1)
+    out[has] = nanstats.nanmedian(values[has])
     return out
 
 
@@ -112,9 +114,12 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
         sketch = np.stack([a[c] for c in sketch_columns], axis=-1)  # [run, step, k]
         base_sketch = sketch[b]
         dot = (sketch * base_sketch).sum(-1)
+        # |s|^2 per run and step, once: the baseline's is a row of it (np.linalg.norm is the root of this sum).
+        squared = np.square(sketch).sum(-1)
+        norm = np.sqrt(squared)
         with np.errstate(invalid="ignore", divide="ignore"):  # a zero or missing sketch gives NaN, not a warning
-            cos = dot / (np.linalg.norm(sketch, axis=-1) * np.linalg.norm(base_sketch, axis=-1))
-            scale = dot / (base_sketch**2).sum(-1)
+            cos = dot / (norm * norm[b])
+            scale = dot / squared[b]
         cos, scale = np.where(shared, cos, np.nan), np.where(shared, scale, np.nan)
         out["sketch_cos_step1"], out["sketch_scale_step1"] = cos[:, 0], scale[:, 0]
         out["sketch_cos_min"] = np.where(np.isfinite(cos).any(axis=1), np.nanmin(np.where(np.isfinite(cos), cos, np.inf), axis=1), np.nan)
