@@ -185,18 +185,3 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
     return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs)
 
-
-def tidy(sweeps: Sweeps) -> pa.Table:
-    """The runs.parquet table: every step with its run's config and status; runs without steps keep one row.
-
-    Built in Arrow: each run's columns are gathered per step by index (`take`), with
-    strings dictionary-encoded, so a million steps cost a few C calls.
-    """
-    runs = pa.Table.from_pandas(sweeps.runs.astype({c: str for c in sweeps.runs.columns if sweeps.runs[c].dtype == object}), preserve_index=False)
-    runs = pa.table({name: pc.dictionary_encode(col) if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col
-                     for name, col in zip(runs.column_names, runs.columns)})
-    steps = pa.Table.from_pandas(sweeps.steps.drop(columns=["run", "sp"], errors="ignore"), preserve_index=False)
-    per_step = runs.take(pa.array(sweeps.steps["run"].cat.codes.to_numpy()))
-    joined = pa.Table.from_arrays([*per_step.columns, *steps.columns], names=[*per_step.column_names, *steps.column_names])
-    without_steps = runs.filter(pc.equal(runs.column("steps_logged"), 0))
-    return pa.concat_tables([joined, without_steps], promote_options="permissive")
