@@ -101,13 +101,17 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
         other_pngs.append(plots.comm_overhead(comm, out))
     if plotting and len(cost):
         other_pngs.append(plots.interleaved_cost(cost, out))
-    pngs = [path for drawn in curve_pngs for path in drawn.result()] + other_pngs
-    if background is not None:
-        background.shutdown()
-    clock("plots")
+    clock("plots (this process)")
+    # The report names the per-group figures while the forked process may still be drawing them.
+    pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
     answer = opening(runs, table, comm, layout_summary, cost)
     report = write_report(out, sweeps, runs, table, comm, layout_table, layout_summary, pngs, tol, cost, floor)
     clock("report")
+    for drawn in curve_pngs:
+        drawn.result()
+    if background is not None:
+        background.shutdown()
+    clock("plots (rest, in the forked process)")
     parquet_written.result()
     writer.shutdown()
     clock("runs.parquet (rest of the write)")

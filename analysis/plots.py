@@ -84,6 +84,11 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     ]
 
 
+def curve_figure_paths(curves: dict[str, np.ndarray], out: Path) -> list[Path]:
+    """The files `curve_figure_jobs` draws, in its order."""
+    return [out / name for curve, name, *_ in CURVE_FIGURES if curve in curves]
+
+
 def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
     """The per-group figures (see `curve_figure_jobs`), drawn in this process."""
     return [path for draw, args in curve_figure_jobs(runs, curves, out) for path in draw(*args)]

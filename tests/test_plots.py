@@ -25,7 +25,7 @@ def test_each_figure_is_pixel_identical_to_one_drawn_on_its_own_panels(tmp_path)
     together.mkdir(), alone.mkdir()
 
     paths = plots.curves_per_group(table, curves, together)
-    assert [p.name for p in paths] == [name for _, name, _, _ in plots.CURVE_FIGURES]
+    assert paths == plots.curve_figure_paths(curves, together) == [together / name for _, name, _, _ in plots.CURVE_FIGURES]
     for figure in plots.CURVE_FIGURES:
         plots.draw_curve_figures(table, curves, [figure], alone)  # a fresh grid of panels for this figure only
         drawn, reference = (np.asarray(Image.open(folder / figure[1])) for folder in (together, alone))
