@@ -32,6 +32,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from analysis import nanstats
 from analysis.compare import step_arrays
 
 WARMUP_STEPS = 5
@@ -87,12 +88,12 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
     times[:, :WARMUP_STEPS] = np.nan
     times[~logged] = np.nan
     enough = np.isfinite(times).sum(axis=1) >= 2
-    out["step_ms_median"] = np.where(enough, np.nanmedian(np.where(enough[:, None], times, 0), axis=1) * 1e3, np.nan)
+    out["step_ms_median"] = np.where(enough, nanstats.nanmedian(np.where(enough[:, None], times, 0)) * 1e3, np.nan)
     skew = np.where(logged, a["peer_skew_s"], np.nan)
     skew[:, :WARMUP_STEPS] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        out["peer_skew_ms_median"] = np.nanmedian(skew, axis=1) * 1e3 if skew.size else np.nan
+        out["peer_skew_ms_median"] = nanstats.nanmedian(skew) * 1e3 if skew.size else np.nan
 
     # Each run against the completed `local` runs that match it on everything that changes the cost.
     key = runs["group"].astype(str)
@@ -117,7 +118,7 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
         paired = has_partner & enough
         ratios = run_means / local_means[:, codes]
         tail = (1 - CONFIDENCE) / 2 * 100
-        low, high = np.nanpercentile(ratios, [tail, 100 - tail], axis=0) if len(runs) else (np.array([]), np.array([]))
+        low, high = nanstats.nanpercentile(ratios.T, [tail, 100 - tail]) if len(runs) else (np.array([]), np.array([]))
         out["overhead_vs_local"] = np.where(paired, mean / (time_members @ np.nan_to_num(mean))[codes], np.nan)
     out["overhead_ci_low"] = np.where(paired, low, np.nan)
     out["overhead_ci_high"] = np.where(paired, high, np.nan)

@@ -27,6 +27,8 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
+from analysis import nanstats
+
 NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 
 
@@ -44,21 +46,34 @@ class Tolerances:
     scale_rtol: float = 1e-4
 
 
-def step_arrays(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(logged[run, step], {column: values[run, step]}) with NaN where a run has no such step."""
+def _positions(steps: pd.DataFrame, run_ids: pd.Series) -> tuple[np.ndarray, np.ndarray, int]:
+    """(which steps rows belong to `run_ids`, their flat index run * n_steps + step - 1, n_steps)."""
     n_steps = int(steps["step"].max()) if len(steps) else 1  # one unlogged column when no run logged a step
     row = pd.Categorical(steps["run"], categories=run_ids).codes
     keep = row >= 0
-    row, col = row[keep], steps["step"].to_numpy()[keep].astype(int) - 1
+    return keep, row[keep].astype(np.int64) * n_steps + steps["step"].to_numpy()[keep].astype(int) - 1, n_steps
+
+
+def step_arrays(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(logged[run, step], {column: values[run, step]}) with NaN where a run has no such step."""
+    keep, flat, n_steps = _positions(steps, run_ids)
     logged = np.zeros((len(run_ids), n_steps), dtype=bool)
-    logged[row, col] = True
+    logged.ravel()[flat] = True
     arrays = {}
     for column in columns:
         values = np.full((len(run_ids), n_steps), np.nan)
         if column in steps:
-            values[row, col] = pd.to_numeric(steps[column], errors="coerce").to_numpy(dtype=float)[keep]
+            values.ravel()[flat] = pd.to_numeric(steps[column], errors="coerce").to_numpy(dtype=float)[keep]
         arrays[column] = values
     return logged, arrays
+
+
+def step_stack(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> np.ndarray:
+    """values[run, step, k] of the float `columns` (the sketch), NaN where a run has no such step."""
+    keep, flat, n_steps = _positions(steps, run_ids)
+    values = np.full((len(run_ids), n_steps, len(columns)), np.nan)
+    values.reshape(-1, len(columns))[flat] = steps[columns].to_numpy(dtype=float)[keep]
+    return values
 
 
 def departs(loss: np.ndarray, base_loss: np.ndarray, shared: np.ndarray, tol: Tolerances) -> np.ndarray:
@@ -78,14 +93,14 @@ def first_true(mask: np.ndarray) -> np.ndarray:
 def _nan_median(values: np.ndarray) -> np.ndarray:
     out = np.full(values.shape[0], np.nan)
     has = np.isfinite(values).any(axis=1)
-    out[has] = np.nanmedian(values[has], axis=1)
+    out[has] = nanstats.nanmedian(values[has])
     return out
 
 
 def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Per-run measures against the baseline, and the per-step curves behind them (for plots)."""
     sketch_columns = sorted((c for c in steps.columns if c.startswith("sketch_")), key=lambda c: int(c.split("_")[1]))
-    logged, a = step_arrays(steps, runs["run"], ["loss", "grad_norm", "clip_coef", *sketch_columns])
+    logged, a = step_arrays(steps, runs["run"], ["loss", "grad_norm", "clip_coef"])
     position = pd.Series(np.arange(len(runs)), index=runs["run"].to_numpy())
     base = runs["baseline"].map(position).fillna(-1).astype(int).to_numpy()
     has_base = base >= 0
@@ -109,12 +124,15 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
 
     curves = {"logged": logged, "loss": loss, "loss_diff": np.where(shared, loss - base_loss, np.nan), "grad_norm_ratio": grad_ratio}
     if sketch_columns:
-        sketch = np.stack([a[c] for c in sketch_columns], axis=-1)  # [run, step, k]
+        sketch = step_stack(steps, runs["run"], sketch_columns)  # [run, step, k]
         base_sketch = sketch[b]
         dot = (sketch * base_sketch).sum(-1)
+        # |s|^2 per run and step, once: the baseline's is a row of it (np.linalg.norm is the root of this sum).
+        squared = np.square(sketch).sum(-1)
+        norm = np.sqrt(squared)
         with np.errstate(invalid="ignore", divide="ignore"):  # a zero or missing sketch gives NaN, not a warning
-            cos = dot / (np.linalg.norm(sketch, axis=-1) * np.linalg.norm(base_sketch, axis=-1))
-            scale = dot / (base_sketch**2).sum(-1)
+            cos = dot / (norm * norm[b])
+            scale = dot / squared[b]
         cos, scale = np.where(shared, cos, np.nan), np.where(shared, scale, np.nan)
         out["sketch_cos_step1"], out["sketch_scale_step1"] = cos[:, 0], scale[:, 0]
         out["sketch_cos_min"] = np.where(np.isfinite(cos).any(axis=1), np.nanmin(np.where(np.isfinite(cos), cos, np.inf), axis=1), np.nan)

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import yaml
 
 from runner.config_file import read_config
-from runner.metrics_file import read_metrics_table
+from runner.metrics_file import parse_jsonl, read_arrow_copy
 
 RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
@@ -108,13 +108,13 @@ def _run_row(sweep: Path, job: Path) -> dict:
 
 def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
     """grad_sketch lists as a [step, k] float array (NaN where missing); None when no step has one."""
-    column = column.combine_chunks()
     if column.null_count == len(column) or not pa.types.is_list(column.type):
         return None
     lengths = pc.list_value_length(column)
     width = pc.max(lengths).as_py()
-    if column.null_count == 0 and pc.min(lengths).as_py() == width:  # the usual case: one C call
-        return column.flatten().to_numpy(zero_copy_only=False).astype(float).reshape(-1, width)
+    if column.null_count == 0 and pc.min(lengths).as_py() == width:  # the usual case: one copy (a writable array), in C
+        values = np.concatenate([chunk.flatten().to_numpy(zero_copy_only=False) for chunk in column.chunks])
+        return values.astype(float, copy=False).reshape(-1, width)
     rows = column.to_pylist()
     return np.array([r + [None] * (width - len(r)) if r is not None else [None] * width for r in rows], dtype=float)
 
@@ -149,18 +149,24 @@ def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFr
     return steps
 
 
-def _load_job(sweep: Path, job: Path) -> tuple[dict, pa.Table | None]:
-    return _run_row(sweep, job), read_metrics_table(job / "metrics.jsonl")
+def _read_metrics(paths: list[Path]) -> list[pa.Table | None]:
+    """Every job's metrics table: the Arrow copies one after another (each a fraction of a millisecond,
+    mostly holding the GIL), then the JSONL files without a matching copy parsed side by side in
+    threads (Arrow parses without the GIL)."""
+    tables = [read_arrow_copy(path) for path in paths]
+    unparsed = [i for i, table in enumerate(tables) if table is None]
+    if unparsed:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for i, table in zip(unparsed, pool.map(parse_jsonl, [paths[i] for i in unparsed])):
+                tables[i] = table
+    return tables
 
 
 def load_sweeps(sweeps: list[Path]) -> Sweeps:
     jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
     if not jobs:
         raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
-    # Arrow reads the metrics without the GIL: threads read files side by side (two per
-    # core, so that one reads while the other holds the GIL for the config).
-    with ThreadPoolExecutor(max_workers=2 * (os.cpu_count() or 1)) as pool:
-        loaded = list(pool.map(lambda args: _load_job(*args), jobs))
+    loaded = list(zip([_run_row(sweep, job) for sweep, job in jobs], _read_metrics([job / "metrics.jsonl" for _, job in jobs])))
     cost_jobs = pd.DataFrame(
         [{**row, "path": str(sweep / job.name)} for (row, _), (sweep, job) in zip(loaded, jobs) if is_cost_job(row)]
     )
@@ -179,18 +185,3 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
     return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs)
 
-
-def tidy(sweeps: Sweeps) -> pa.Table:
-    """The runs.parquet table: every step with its run's config and status; runs without steps keep one row.
-
-    Built in Arrow: each run's columns are gathered per step by index (`take`), with
-    strings dictionary-encoded, so a million steps cost a few C calls.
-    """
-    runs = pa.Table.from_pandas(sweeps.runs.astype({c: str for c in sweeps.runs.columns if sweeps.runs[c].dtype == object}), preserve_index=False)
-    runs = pa.table({name: pc.dictionary_encode(col) if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col
-                     for name, col in zip(runs.column_names, runs.columns)})
-    steps = pa.Table.from_pandas(sweeps.steps.drop(columns=["run", "sp"], errors="ignore"), preserve_index=False)
-    per_step = runs.take(pa.array(sweeps.steps["run"].cat.codes.to_numpy()))
-    joined = pa.Table.from_arrays([*per_step.columns, *steps.columns], names=[*per_step.column_names, *steps.column_names])
-    without_steps = runs.filter(pc.equal(runs.column("steps_logged"), 0))
-    return pa.concat_tables([joined, without_steps], promote_options="permissive")

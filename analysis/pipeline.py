@@ -14,17 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from analysis import plots
+from analysis.background import Background
 from analysis.comm import comm_table
 from analysis.cost import cost_table, floor_table
 from analysis.compare import Tolerances, measure, verdicts
 from analysis.expected import expected_verdicts
 from analysis.groups import assign_groups
 from analysis.invariance import invariance, invariance_summary
-from analysis.load import load_sweeps, tidy
+from analysis.load import load_sweeps
 from analysis.report import opening, write_report
+from analysis.runs_parquet import write_runs_parquet
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
@@ -66,12 +67,16 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
     loaded = load_sweeps(sweeps)
     runs = assign_groups(loaded.runs).reset_index(drop=True)
     clock("load")
-    # Parquet encoding runs in C without the GIL: write runs.parquet while the rest is computed.
+    # Two helpers work while this process computes: a forked process that draws the per-group
+    # figures (forked first, while no other thread is at work), and a thread that builds and
+    # writes runs.parquet (Arrow, mostly without the GIL).
+    background = Background() if make_plots else None
     writer = ThreadPoolExecutor(max_workers=1)
-    parquet_written = writer.submit(pq.write_table, tidy(loaded), out / "runs.parquet")
-    clock("runs.parquet (table)")
+    parquet_written = writer.submit(write_runs_parquet, loaded, out / "runs.parquet")
 
     measures, curves = measure(runs, loaded.steps, tol)
+    plotting = make_plots and bool(curves["logged"].any())
+    curve_pngs = [background.submit(draw, *args) for draw, args in plots.curve_figure_jobs(runs, curves, out)] if plotting else []
     judged = verdicts(runs, measures, tol)
     table = pd.concat([runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol, loaded.steps)], axis=1)
     clip_by_run = measures["clip_active_frac"].set_axis(runs["run"])
@@ -91,24 +96,28 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
         floor.to_csv(out / "floor.csv", index=False)
     clock("invariance and communication")
 
-    # The plots fork a process: first let the writer thread finish (it is, by now, as a rule).
-    parquet_written.result()
-    clock("runs.parquet (rest of the write)")
-    pngs = []
-    if make_plots and curves["logged"].any():
-        pngs.extend(plots.curves_per_group(runs, curves, out))
-        if comm["overhead_vs_local"].notna().any():
-            pngs.append(plots.comm_overhead(comm, out))
-        if len(cost):
-            pngs.append(plots.interleaved_cost(cost, out))
-    clock("plots")
+    other_pngs = []
+    if plotting and comm["overhead_vs_local"].notna().any():
+        other_pngs.append(plots.comm_overhead(comm, out))
+    if plotting and len(cost):
+        other_pngs.append(plots.interleaved_cost(cost, out))
+    clock("plots (this process)")
+    # The report names the per-group figures while the forked process may still be drawing them.
+    pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
     answer = opening(runs, table, comm, layout_summary, cost)
     report = write_report(out, sweeps, runs, table, comm, layout_table, layout_summary, pngs, tol, cost, floor)
     clock("report")
+    for drawn in curve_pngs:
+        drawn.result()
+    if background is not None:
+        background.shutdown()
+    clock("plots (rest, in the forked process)")
+    parquet_written.result()
+    writer.shutdown()
+    clock("runs.parquet (rest of the write)")
     tables = {"verdicts": table, "invariance": layout_table, "comm": comm}
     if len(cost):
         tables.update(cost=cost, floor=floor)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
-    writer.shutdown()
     return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, clock.timings)

@@ -16,8 +16,6 @@ when groups were left out).
 from __future__ import annotations
 
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -71,27 +69,32 @@ CURVE_FIGURES = [
 ]
 
 
-def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
-    """The CURVE_FIGURES whose curve is in `curves` (no sketch: no gradient figures), one panel per group.
-
-    A forked process draws the second half of them while this one draws the first
-    (where the platform can fork). Call it while no other thread is at work: a
-    forked child inherits whatever locks those threads hold. The child gets the
-    plotted runs as plain Python objects, so it runs no Arrow code.
-    """
+def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[tuple]:
+    """The CURVE_FIGURES whose curve is in `curves` (no sketch: no gradient figures), one panel per group, as
+    jobs (`draw_curve_figures`, its arguments): the first half of the figures on one grid of panels, the
+    second half on another. The arguments are the plotted runs as plain Python objects and their curves
+    as arrays, so that a forked process (analysis.background) can draw them without running Arrow code."""
     figures = [figure for figure in CURVE_FIGURES if figure[0] in curves]
     plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
     members = runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]].astype(object).reset_index(drop=True)
-    values = {curve: curves[curve][plotted] for curve, *_ in figures}
     half = (len(figures) + 1) // 2
-    if "fork" not in multiprocessing.get_all_start_methods() or len(figures) < 2:
-        return _draw_figures(members, values, figures, out)
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as worker:
-        second = worker.submit(_draw_figures, members, {c: values[c] for c, *_ in figures[half:]}, figures[half:], out)
-        return _draw_figures(members, values, figures[:half], out) + second.result()
+    return [
+        (draw_curve_figures, (members, {curve: curves[curve][plotted] for curve, *_ in part}, part, out))
+        for part in (figures[:half], figures[half:]) if part
+    ]
 
 
-def _draw_figures(runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path) -> list[Path]:
+def curve_figure_paths(curves: dict[str, np.ndarray], out: Path) -> list[Path]:
+    """The files `curve_figure_jobs` draws, in its order."""
+    return [out / name for curve, name, *_ in CURVE_FIGURES if curve in curves]
+
+
+def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
+    """The per-group figures (see `curve_figure_jobs`), drawn in this process."""
+    return [path for draw, args in curve_figure_jobs(runs, curves, out) for path in draw(*args)]
+
+
+def draw_curve_figures(runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path) -> list[Path]:
     """`figures` (CURVE_FIGURES entries) drawn on one grid of panels, one figure after another.
 
     Making the axes and their ticks is most of a figure's cost, so it is paid once,

@@ -64,14 +64,21 @@ def write_arrow_copy(path: Path) -> Path | None:
     return copy
 
 
-def read_metrics_table(path: Path) -> pa.Table | None:
-    """The flat table of `path`: from its Arrow copy while that matches the file, else parsed."""
+def read_arrow_copy(path: Path) -> pa.Table | None:
+    """The flat table of `path` (a metrics.jsonl) from its Arrow copy; None when there is none that matches the file.
+
+    Memory-mapped, without Arrow's own threads: a fraction of a millisecond, so a
+    sweep's copies are read one after another, and the columns stay in the page
+    cache until the analysis copies them (once, into its steps frame).
+    """
     copy = path.with_suffix(COPY_SUFFIX)
-    if path.exists() and copy.exists():
-        try:
-            table = feather.read_table(copy, memory_map=False)
-            if (table.schema.metadata or {}).get(_SOURCE_KEY) == _source_stamp(path):
-                return table.replace_schema_metadata(None)
-        except (OSError, pa.ArrowInvalid):
-            pass  # a broken copy: the JSONL file is the record
-    return parse_jsonl(path)
+    if not (path.exists() and copy.exists()):
+        return None
+    try:
+        table = feather.read_table(copy, memory_map=True, use_threads=False)
+    except (OSError, pa.ArrowInvalid):
+        return None  # a broken copy: the JSONL file is the record
+    if (table.schema.metadata or {}).get(_SOURCE_KEY) != _source_stamp(path):
+        return None
+    return table.replace_schema_metadata(None)
+

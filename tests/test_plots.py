@@ -1,4 +1,4 @@
-"""The per-group figures: drawn on one reused grid of panels, half of them in a forked process, yet each as if drawn alone."""
+"""The per-group figures: drawn on one reused grid of panels, yet each as if drawn alone."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def test_each_figure_is_pixel_identical_to_one_drawn_on_its_own_panels(tmp_path)
     together.mkdir(), alone.mkdir()
 
     paths = plots.curves_per_group(table, curves, together)
-    assert [p.name for p in paths] == [name for _, name, _, _ in plots.CURVE_FIGURES]
+    assert paths == plots.curve_figure_paths(curves, together) == [together / name for _, name, _, _ in plots.CURVE_FIGURES]
     for figure in plots.CURVE_FIGURES:
-        plots._draw_figures(table, curves, [figure], alone)  # a fresh grid of panels for this figure only
+        plots.draw_curve_figures(table, curves, [figure], alone)  # a fresh grid of panels for this figure only
         drawn, reference = (np.asarray(Image.open(folder / figure[1])) for folder in (together, alone))
         assert drawn.shape == reference.shape and drawn.shape[1] > 1000, figure[1]  # several panels
         assert (drawn == reference).all(), f"{figure[1]}: {(drawn != reference).any(-1).sum()} pixels differ"
