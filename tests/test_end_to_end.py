@@ -106,6 +106,8 @@ def test_offline_wandb_run_holds_the_loss_history(sweep):
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
         assert [h["loss"] for h in history] == pytest.approx([m["loss"] for m in metrics(job)], rel=1e-9)
         assert [h["tokens"] for h in history] == [m["tokens"] for m in metrics(job)]
+        assert [h["step_time_s"] for h in history] == pytest.approx([m["step_time_s"] for m in metrics(job)], rel=1e-9)
+        assert not any("grad_sketch/0" in h or "dp" in h for h in history)  # metrics.jsonl keeps what no chart shows
         run = next(r["run"] for r in records if r["type"] == "run")
         assert run["run_group"] == sweep_dir.name and run["job_type"] == mode
 
