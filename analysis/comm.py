@@ -49,14 +49,20 @@ COLUMNS = [
 COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every")
 
 
-def _bootstrap_means(times: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """[resample, run] means of each row of `times` (NaN: no step) under Poisson(1) step weights."""
-    present = np.isfinite(times)
+def _bootstrap_means(times: np.ndarray, rng: np.random.Generator, rows: np.ndarray | None = None) -> np.ndarray:
+    """[resample, run] means of each row of `times` (NaN: no step) under Poisson(1) step weights; only
+    `rows` computed when given (the others NaN). The weights depend on the step count alone.
+
+    The counts are sums of small integers, exact in float32 (half the work of float64)."""
     weights = rng.poisson(1.0, size=(RESAMPLES, times.shape[1])).astype(float)
-    totals = weights @ np.where(present, times, 0.0).T
-    counts = weights @ present.T.astype(float)
+    means = np.full((RESAMPLES, len(times)), np.nan)
+    chosen = times if rows is None else times[rows]
+    present = np.isfinite(chosen)
+    totals = weights @ np.where(present, chosen, 0.0).T
+    counts = (weights.astype(np.float32) @ present.T.astype(np.float32)).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return totals / counts
+        means[:, slice(None) if rows is None else rows] = totals / counts
+    return means
 
 
 def _averaging(codes: np.ndarray, n_keys: int, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,7 +119,8 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(times, axis=1) if times.size else np.full(len(runs), np.nan)
-        run_means, local_runs = _bootstrap_means(times, rng), _bootstrap_means(times, rng)
+        # The second draw is used for the `local` partners only (the other columns of time_members are 0).
+        run_means, local_runs = _bootstrap_means(times, rng), _bootstrap_means(times, rng, rows=time_members.any(axis=0))
         local_means = np.nan_to_num(local_runs) @ time_members.T  # [resample, key]
         paired = has_partner & enough
         ratios = run_means / local_means[:, codes]
