@@ -104,7 +104,7 @@ def _records(run: SyntheticRun) -> list[dict]:
         step = i + 1
         finite = step != run.diverge_at
         step_time = run.step_time_factor * 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
-        counted = step <= 3 or step % 20 == 0 or step == run.steps  # as the runner samples (metrics.count_*)
+        counted = step <= 3 or step % 100 == 0 or step == run.steps  # as the runner samples (metrics.count_*)
         all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
         records.append(
             {

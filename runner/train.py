@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner import fault
 from runner.comm import CollectiveCounter, add_counts
@@ -97,6 +97,8 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None = None):
         self.cfg = cfg
+        # The per-step reads go to plain dataclasses: 50 ns an attribute, where a DictConfig takes 20 us.
+        self.settings = OmegaConf.to_object(cfg)
         self.device = device
         self.logger = logger
         self.layout = ParallelLayout.from_config(cfg)
@@ -121,7 +123,7 @@ class Trainer:
 
     def step(self, step: int) -> dict:
         """Optimizer step `step` (1-based) on this rank; returns its metrics record (logged on rank 0)."""
-        cfg = self.cfg
+        cfg = self.settings
         batch = self.batches(step)
         micro_batches = local_micro_batches(batch, grad_accum=cfg.grad_accum, **self.rank_share)
         lr = lr_at(step, cfg.optim)
@@ -196,8 +198,8 @@ class Trainer:
         if self.logger is not None:
             for record in self.logger.write_held():
                 step = record["step"]
-                if step == 1 or step % self.cfg.train.log_every == 0 or step == self.cfg.train.steps:
-                    print(progress_line(record, self.cfg.train.steps), flush=True)
+                if step == 1 or step % self.settings.train.log_every == 0 or step == self.settings.train.steps:
+                    print(progress_line(record, self.settings.train.steps), flush=True)
 
 
 def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
