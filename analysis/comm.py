@@ -46,7 +46,7 @@ COLUMNS = [
     "step_ms_median", "peer_skew_ms_median", "overhead_vs_local", "overhead_ci_low", "overhead_ci_high",
 ]
 # Config keys outside the comparison group that still change a run's step time.
-COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every")
+COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every", "metrics.gather_every")
 
 
 def _bootstrap_means(times: np.ndarray, rng: np.random.Generator, rows: np.ndarray | None = None) -> np.ndarray:

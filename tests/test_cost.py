@@ -77,8 +77,9 @@ def test_load_mid_way_leaves_the_interleaved_null_control_at_one_and_fools_seque
     for null in ("fsdp_sum", "scaled"):
         assert interleaved.loc[null, "ci_low"] <= 1 <= interleaved.loc[null, "ci_high"], interleaved
 
-    sweep = [*RUNNER, "-m", "reduction=local,fsdp_sum", "train.steps=30", "metrics.count_comm=false", "wandb.mode=disabled",
-             "hydra.sweep.dir=seq"]  # fmt: skip
+    # Records written every step (metrics.gather_every=1), so that the load starts at the second job's first step.
+    sweep = [*RUNNER, "-m", "reduction=local,fsdp_sum", "train.steps=30", "metrics.count_comm=false", "metrics.gather_every=1",
+             "wandb.mode=disabled", "hydra.sweep.dir=seq"]  # fmt: skip
     job = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # The load starts once the second job has logged its first step: the first ran unloaded, the second loaded.
     second_started = lambda: any(lines(path) >= 1 for path in (tmp_path / "seq").glob("1_*/metrics.jsonl"))  # noqa: E731
