@@ -63,6 +63,11 @@ def moving_blocks(n: int, block: int, rng: np.random.Generator, resamples: int =
     return (starts[:, :, None] + np.arange(block)).reshape(resamples, -1)[:, :n]
 
 
+def block_length(n: int) -> int:
+    """The moving-block bootstrap's block for n correlated steps: n^(1/3), rounded."""
+    return max(1, round(n ** (1 / 3)))
+
+
 def paired_overheads(
     times: pd.DataFrame, warmup_steps: int, seed: int = 0, confidence: float = CONFIDENCE, baseline: str = BASELINE
 ) -> pd.DataFrame:
@@ -71,7 +76,7 @@ def paired_overheads(
     n = len(steady)
     if baseline not in steady or n < 4:
         return pd.DataFrame(columns=["mode", "steps", "block"])
-    block = max(1, round(n ** (1 / 3)))
+    block = block_length(n)
     base = steady[baseline].to_numpy()
     modes = [m for m in steady.columns if m != baseline]
     arms = steady[modes].to_numpy()  # [step, mode]

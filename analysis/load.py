@@ -184,4 +184,3 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs["diverged_at"] = runs["run"].map(first_bad).astype(float)
     runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
     return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs)
-

@@ -28,13 +28,8 @@ import torch
 import torch.distributed as dist
 
 GOAL = 1.05
+WARMUP_STEPS = 5  # left out of every figure
 ARMS = ("runner", "runner_metrics_off", "bare", "bare_again")  # the columns of `measure`'s times
-
-
-def config_defaults():
-    from runner.config import config_with
-
-    return config_with({}).metrics
 
 
 class TimedRun:
@@ -95,34 +90,36 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
 
 def whole_run_ratios(frame: pd.DataFrame, warmup_steps: int, baseline: str = "bare", seed: int = 0) -> pd.DataFrame:
     """Per arm: sum over steps of its time / the baseline's, with a 95% moving-block-bootstrap CI."""
-    from analysis.cost import moving_blocks
+    from analysis.cost import CONFIDENCE, block_length, moving_blocks
 
     steady = frame[frame.index > warmup_steps]
     n = len(steady)
-    index = moving_blocks(n, max(1, round(n ** (1 / 3))), np.random.default_rng(seed))
+    index = moving_blocks(n, block_length(n), np.random.default_rng(seed))
     arms = [arm for arm in steady.columns if arm != baseline]
     times, base = steady[arms].to_numpy(), steady[baseline].to_numpy()
     boot = times[index].sum(axis=1) / base[index].sum(axis=1)[:, None]  # [resample, arm]
-    low, high = np.percentile(boot, [2.5, 97.5], axis=0)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(boot, [tail, 100 - tail], axis=0)
     return pd.DataFrame({"ratio": times.sum(axis=0) / base.sum(), "ci_low": low, "ci_high": high}, index=arms)
 
 
 def run(quick: bool) -> tuple[str, str, str]:
     from analysis.cost import paired_overheads
+    from runner.config import MetricsConfig
     from runner.local_world import run_in_world
 
     steps, world_size, grad_accum = (20, 2, 2) if quick else (400, 2, 2)
     with tempfile.TemporaryDirectory() as folder:
         times, service_cpu_s, writer_cpu_s = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
     frame = pd.DataFrame(times, columns=list(ARMS), index=range(1, steps + 1))
-    typical = paired_overheads(frame, warmup_steps=5, baseline="bare").set_index("mode")
-    whole = whole_run_ratios(frame, warmup_steps=5)
+    typical = paired_overheads(frame, warmup_steps=WARMUP_STEPS, baseline="bare").set_index("mode")
+    whole = whole_run_ratios(frame, warmup_steps=WARMUP_STEPS)
     nulls_ok = all(t.loc["bare_again", "ci_low"] <= 1 <= t.loc["bare_again", "ci_high"] for t in (typical, whole))
     worst_high = max(typical.loc["runner", "ci_high"], whole.loc["runner", "ci_high"])
     worst_low = max(typical.loc["runner", "ci_low"], whole.loc["runner", "ci_low"])
     verdict = "met" if worst_high <= GOAL else ("not met" if worst_low > GOAL else "not resolved")
     labels = {"runner": "runner", "runner_metrics_off": "runner, metrics off (no sketch, counting or logging)", "bare_again": "bare_again (null control)"}
-    steady = frame.iloc[5:]
+    steady = frame[frame.index > WARMUP_STEPS]
 
     def cells(table: pd.DataFrame, arm: str) -> str:
         return f"{table.loc[arm, 'ratio']:.3f} [{table.loc[arm, 'ci_low']:.3f}, {table.loc[arm, 'ci_high']:.3f}]"
@@ -131,11 +128,11 @@ def run(quick: bool) -> tuple[str, str, str]:
         f"| {labels[arm]} | {steady[arm].median() * 1e3:.2f} | {steady[arm].mean() * 1e3:.2f} | {cells(typical, arm)} | {cells(whole, arm)} |"
         for arm in ("runner", "runner_metrics_off", "bare_again")
     )
-    cfg_defaults = config_defaults()
+    cfg_defaults = MetricsConfig()
     outside_share = (service_cpu_s + writer_cpu_s) / steady["bare"].sum()
     body = f"""
 Tiny model, W={world_size} gloo ranks, grad_accum={grad_accum}, `sum`, AdamW with clipping, {steps} interleaved steps
-(the first 5 left out), W&B offline, default `metrics.*` (collectives counted on the first {cfg_defaults.count_first} steps
+(the first {WARMUP_STEPS} left out), W&B offline, default `metrics.*` (collectives counted on the first {cfg_defaults.count_first} steps
 and every {cfg_defaults.count_every}th, the world gathered every {cfg_defaults.gather_every} steps).
 Ratios to bare with 95% CIs: typical step = median over steps of the paired ratio;
 whole run = total time over total time (it holds what the runner does on some steps only).

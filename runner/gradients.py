@@ -52,21 +52,19 @@ class GradientSketch:
     """
 
     def __init__(self, model: nn.Module, dim: int, sketch_seed: int):
-        self.dim = dim
         self.params = list(model.parameters())
-        sizes = [_local(param).numel() for param in self.params]  # this rank's elements of each
+        self.sizes = [_local(param).numel() for param in self.params]  # this rank's elements of each
         device = self.params[0].device
         # [K, this rank's elements of every parameter, end to end], in float64 once rather than every step.
-        self.flat = torch.empty((dim, sum(sizes)), dtype=torch.float64, device=device)
-        self.zeros = {size: torch.zeros(size, device=device) for size in set(sizes)}  # for a parameter without a gradient
+        self.flat = torch.empty((dim, sum(self.sizes)), dtype=torch.float64, device=device)
+        self.zeros = {size: torch.zeros(size, device=device) for size in set(self.sizes)}  # for a parameter without a gradient
         start = 0
-        for (name, param), size in zip(model.named_parameters(), sizes):
+        for (name, param), size in zip(model.named_parameters(), self.sizes):
             generator = torch.Generator().manual_seed(sketch_seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.randn((dim, *param.shape), generator=generator)
             # Only this rank's slice is kept: K times the whole model on every rank would not fit.
             self.flat[:, start : start + size] = self._local_slice(full, param).reshape(dim, -1)
             start += size
-        self.sizes = sizes
 
     @staticmethod
     def _local_slice(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:

@@ -81,4 +81,3 @@ def read_arrow_copy(path: Path) -> pa.Table | None:
     if (table.schema.metadata or {}).get(_SOURCE_KEY) != _source_stamp(path):
         return None
     return table.replace_schema_metadata(None)
-

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import fault
 from runner.comm import CollectiveCounter, add_counts
+from runner.config import MetricsConfig
 from runner.data import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
 from runner.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
@@ -67,7 +68,7 @@ def peak_rss_mib(group: dist.ProcessGroup) -> list[float]:
     return ranks
 
 
-def counted_step(step: int, steps: int, metrics: DictConfig) -> bool:
+def counted_step(step: int, steps: int, metrics: MetricsConfig | DictConfig) -> bool:
     """Whether the collective counter runs at `step` (counts are the same every step)."""
     return step <= metrics.count_first or step % metrics.count_every == 0 or step == steps
 

@@ -50,6 +50,7 @@ def start_wandb_run(cfg: DictConfig, job_dir: Path, *, name: str, group: str, ex
     return run
 
 
+NESTED = ("comm", "loss_comm", "cost_s", "cost_order")  # flattened below
 # In every run's W&B config already (dp, sp), or inputs to the analysis that no chart shows
 # (the K sketch projections): metrics.jsonl keeps them, W&B does not chart them (30% fewer keys a step).
 NOT_CHARTED = ("dp", "sp", "grad_sketch")
@@ -57,8 +58,7 @@ NOT_CHARTED = ("dp", "sp", "grad_sketch")
 
 def wandb_payload(record: dict[str, Any]) -> dict[str, Any]:
     """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, loss_comm/<field>, cost_s/<mode>."""
-    nested = ("comm", "loss_comm", "cost_s", "cost_order")
-    payload = {key: value for key, value in record.items() if key not in nested and key not in NOT_CHARTED}
+    payload = {key: value for key, value in record.items() if key not in NESTED + NOT_CHARTED}
     for kind, counts in (record.get("comm") or {}).items():  # null on steps that were not counted
         for field, value in counts.items():
             payload[f"comm/{kind}/{field}"] = value
