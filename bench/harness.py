@@ -65,7 +65,7 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
     logger = None
     if dist.get_rank() == 0:
         run = TimedRun(start_wandb_run(cfg, Path(folder), name="harness", group="bench", extra_config={}))
-        logger = MetricLogger(Path(folder) / "metrics.jsonl", run)
+        logger = MetricLogger(Path(folder) / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
     # The runner with its measurement off (no sketch, no counting, no logging): what the rest of its step costs.
     quiet = config_with({**overrides, "metrics.sketch_dim": 0, "metrics.count_comm": False})
     # In ARMS's order:

@@ -1,4 +1,7 @@
-"""Per-step metrics: always appended to metrics.jsonl, mirrored to W&B; rank 0 only.
+"""Per-step metrics: always appended to metrics.jsonl, charted in W&B every `wandb_every`-th step; rank 0 only.
+
+W&B gets step 1, every `wandb_every`-th step and the job's last record (a
+diverged or failed job's too, written at `close`); metrics.jsonl gets every step.
 
 A trainer may `hold` records whose world figures are still to come and write
 them with `write_held`; `close` writes whatever is still held (a failed job's
@@ -24,8 +27,10 @@ from runner.wandb_run import wandb_payload
 
 
 class MetricLogger:
-    def __init__(self, path: Path, wandb_run=None):
+    def __init__(self, path: Path, wandb_run=None, wandb_every: int = 1):
         self.path = path
+        self.wandb_every = wandb_every
+        self.uncharted: dict[str, Any] | None = None  # the last record written and not sent to W&B
         self.file = path.open("a")
         self.wandb_run = wandb_run
         self.held: list[dict[str, Any]] = []
@@ -53,8 +58,16 @@ class MetricLogger:
         clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value) for key, value in record.items()}
         self.file.write(json.dumps(clean) + "\n")
         if self.wandb_writer is not None:
-            self._forget_done_calls()
-            self.wandb_calls.append(self.wandb_writer.submit(self.wandb_run.log, wandb_payload(record)))
+            step = record["step"]
+            if step == 1 or step % self.wandb_every == 0:
+                self._chart(record)
+            else:
+                self.uncharted = record
+
+    def _chart(self, record: dict[str, Any]) -> None:
+        self.uncharted = None
+        self._forget_done_calls()
+        self.wandb_calls.append(self.wandb_writer.submit(self.wandb_run.log, wandb_payload(record)))
 
     def _forget_done_calls(self) -> None:
         """Drops the finished `run.log` calls, keeping the first one that raised (`close` re-raises it)."""
@@ -69,6 +82,8 @@ class MetricLogger:
         self.file.close()
         write_arrow_copy(self.path)  # the analysis reads this instead of parsing the JSON again
         if self.wandb_run is not None:
+            if self.uncharted is not None:  # the job's last step is always charted
+                self._chart(self.uncharted)
             run, self.wandb_run = self.wandb_run, None
             try:
                 self.wandb_writer.shutdown(wait=True)  # every record logged, in order

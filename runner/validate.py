@@ -81,6 +81,7 @@ def _model_problems(model: DictConfig) -> list[tuple[str, str]]:
 def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     found = _positive(cfg.train.steps, "train.steps") + _positive(cfg.train.seq_len, "train.seq_len")
     found += _positive(cfg.train.global_batch, "train.global_batch") + _positive(cfg.train.log_every, "train.log_every")
+    found += _positive(cfg.wandb.log_every, "wandb.log_every")
     found += _positive(cfg.optim.lr, "optim.lr") + _positive(cfg.timeout_s, "timeout_s")
     if cfg.optim.clip < 0:
         found.append(("optim.clip", f"optim.clip={cfg.optim.clip} must be >= 0 (the max grad norm; 0 disables clipping)"))

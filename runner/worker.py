@@ -90,7 +90,7 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
             run = start_wandb_run(
                 cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
             )
-            logger = MetricLogger(job_dir / "metrics.jsonl", run)
+            logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
         marks["init"] = time.time()
         imports, process_group, wandb_init = (b - a for a, b in zip([process_started, *init_marks], [*init_marks, marks["init"]]))
         summary["init_s"] = {"imports": round(imports, 3), "process_group": round(process_group, 3), "wandb": round(wandb_init, 3)}

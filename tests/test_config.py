@@ -101,6 +101,7 @@ def test_composition_rejects(overrides, names):
         (["model.vocab_size=100"], "model.vocab_size", ">= 256"),
         (["metrics.sketch_dim=-1"], "metrics.sketch_dim", ">= 0"),
         (["metrics.gather_every=0"], "metrics.gather_every", ">= 1"),
+        (["wandb.log_every=0"], "wandb.log_every", "> 0"),
         (["fault.kind=raise", "fault.rank=2"], "fault.rank", "valid: 0 to 1"),
         (["fault.kind=exit", "fault.step=0"], "fault.step", "valid: 1 to 60"),
         (["fault.kind=nan", "experiment=cost"], "fault.kind", "cost.modes must be empty"),

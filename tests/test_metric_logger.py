@@ -42,6 +42,17 @@ def test_wandb_gets_every_record_in_order_on_its_writer_thread_before_finish(tmp
     assert run.threads and threading.current_thread().name not in run.threads
 
 
+@pytest.mark.parametrize("last_step, held", [(25, False), (23, True)])
+def test_wandb_charts_every_nth_step_and_the_last_while_the_file_holds_every_step(tmp_path, last_step, held):
+    run = RecordingRun()
+    logger = MetricLogger(tmp_path / "metrics.jsonl", run, wandb_every=10)
+    for step in range(1, last_step + 1):
+        (logger.hold if held and step > 20 else logger.log)({"step": step, "loss": 1.0 / step})
+    logger.close()  # a failed job's held steps are written here, its last one charted
+    assert [r["step"] for r in lines(tmp_path / "metrics.jsonl")] == list(range(1, last_step + 1))
+    assert run.logged == [1, 10, 20, last_step] and run.finished_after == run.logged
+
+
 def test_a_failed_wandb_call_is_raised_and_the_run_still_finishes(tmp_path):
     run = RecordingRun(fail_at_step=3)
     logger = MetricLogger(tmp_path / "metrics.jsonl", run)
