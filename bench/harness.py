@@ -105,10 +105,10 @@ def whole_run_ratios(frame: pd.DataFrame, warmup_steps: int, baseline: str = "ba
 
 def run(quick: bool) -> tuple[str, str, str]:
     from analysis.cost import paired_overheads
-    from runner.config import MetricsConfig
+    from runner.config import MetricsConfig, WandbConfig
     from runner.local_world import run_in_world
 
-    steps, world_size, grad_accum = (20, 2, 2) if quick else (400, 2, 2)
+    steps, world_size, grad_accum = (20, 2, 2) if quick else (800, 2, 2)
     with tempfile.TemporaryDirectory() as folder:
         times, service_cpu_s, writer_cpu_s = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
     frame = pd.DataFrame(times, columns=list(ARMS), index=range(1, steps + 1))
@@ -132,8 +132,9 @@ def run(quick: bool) -> tuple[str, str, str]:
     outside_share = (service_cpu_s + writer_cpu_s) / steady["bare"].sum()
     body = f"""
 Tiny model, W={world_size} gloo ranks, grad_accum={grad_accum}, `sum`, AdamW with clipping, {steps} interleaved steps
-(the first {WARMUP_STEPS} left out), W&B offline, default `metrics.*` (collectives counted on the first {cfg_defaults.count_first} steps
-and every {cfg_defaults.count_every}th, the world gathered every {cfg_defaults.gather_every} steps).
+(the first {WARMUP_STEPS} left out), W&B offline, charting every {WandbConfig().log_every}th step (`wandb.log_every`), default `metrics.*`
+(collectives counted on the first {cfg_defaults.count_first} steps and every {cfg_defaults.count_every}th, the world gathered every
+{cfg_defaults.gather_every} steps).
 Ratios to bare with 95% CIs: typical step = median over steps of the paired ratio;
 whole run = total time over total time (it holds what the runner does on some steps only).
 
