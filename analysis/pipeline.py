@@ -116,7 +116,7 @@ def _analyze(sweeps: list[Path], out: Path, tol: Tolerances, clock: _Clock, back
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
     answer = opening(runs, table, comm, layout_summary, cost)
-    report = write_report(out, sweeps, runs, table, comm, layout_table, layout_summary, pngs, tol, cost, floor)
+    report = write_report(out, sweeps, answer, runs, table, comm, layout_table, pngs, tol, cost, floor)
     clock("report")
     for drawn in curve_pngs:
         drawn.result()
