@@ -1,9 +1,11 @@
 """A second process that draws the per-group figures while the analysis goes on.
 
 It is forked when a `Background` is made, so make one while no other thread is
-at work (a forked child inherits whatever locks those threads hold), before
-the parquet writer's thread starts. Jobs reach it pickled, as plain Python and
-NumPy objects, so it runs no Arrow code. Where the platform cannot fork, a job
+at work (a forked child inherits whatever locks those threads hold), and
+before the big allocations (every page shared at the fork costs a fault and a
+copy when either process writes it): the analysis makes one before its load.
+Jobs reach it pickled, as plain Python and NumPy objects, so it runs no Arrow
+code. Where the platform cannot fork, a job
 runs in this process when it is submitted.
 """
 

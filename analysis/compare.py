@@ -63,7 +63,7 @@ def step_arrays(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> 
     for column in columns:
         values = np.full((len(run_ids), n_steps), np.nan)
         if column in steps:
-            values.ravel()[flat] = pd.to_numeric(steps[column], errors="coerce").to_numpy(dtype=float)[keep]
+            values.ravel()[flat] = _kept(pd.to_numeric(steps[column], errors="coerce").to_numpy(dtype=float), keep)
         arrays[column] = values
     return logged, arrays
 
@@ -72,8 +72,14 @@ def step_stack(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> n
     """values[run, step, k] of the float `columns` (the sketch), NaN where a run has no such step."""
     keep, flat, n_steps = _positions(steps, run_ids)
     values = np.full((len(run_ids), n_steps, len(columns)), np.nan)
-    values.reshape(-1, len(columns))[flat] = steps[columns].to_numpy(dtype=float)[keep]
+    values.reshape(-1, len(columns))[flat] = _kept(steps[columns].to_numpy(dtype=float), keep)
     return values
+
+
+def _kept(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """values[keep], without the copy where every row is kept (the usual case: a copy of a million steps
+    is fresh memory, whose first touch costs more than the copying)."""
+    return values if keep.all() else values[keep]
 
 
 def departs(loss: np.ndarray, base_loss: np.ndarray, shared: np.ndarray, tol: Tolerances) -> np.ndarray:
@@ -126,9 +132,12 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     if sketch_columns:
         sketch = step_stack(steps, runs["run"], sketch_columns)  # [run, step, k]
         base_sketch = sketch[b]
-        dot = (sketch * base_sketch).sum(-1)
+        identical = (sketch == base_sketch).all(-1)
+        # The products go into base_sketch's memory, no longer needed: at 1,000 runs every [run, step, k]
+        # array is 64 MB of fresh pages, whose first touch costs more than the arithmetic.
+        dot = np.multiply(sketch, base_sketch, out=base_sketch).sum(-1)
         # |s|^2 per run and step, once: the baseline's is a row of it (np.linalg.norm is the root of this sum).
-        squared = np.square(sketch).sum(-1)
+        squared = np.square(sketch, out=base_sketch).sum(-1)
         norm = np.sqrt(squared)
         with np.errstate(invalid="ignore", divide="ignore"):  # a zero or missing sketch gives NaN, not a warning
             cos = dot / (norm * norm[b])
@@ -137,7 +146,7 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
         out["sketch_cos_step1"], out["sketch_scale_step1"] = cos[:, 0], scale[:, 0]
         out["sketch_cos_min"] = np.where(np.isfinite(cos).any(axis=1), np.nanmin(np.where(np.isfinite(cos), cos, np.inf), axis=1), np.nan)
         out["sketch_scale_median"] = _nan_median(scale)
-        out["sketch_identical"] = shared.any(axis=1) & ((sketch == base_sketch).all(-1) | ~shared).all(axis=1)
+        out["sketch_identical"] = shared.any(axis=1) & (identical | ~shared).all(axis=1)
         curves.update(sketch_cos=cos, sketch_scale=scale)
     else:
         for column in ("sketch_cos_step1", "sketch_scale_step1", "sketch_cos_min", "sketch_scale_median"):

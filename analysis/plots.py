@@ -71,17 +71,14 @@ CURVE_FIGURES = [
 
 def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[tuple]:
     """The CURVE_FIGURES whose curve is in `curves` (no sketch: no gradient figures), one panel per group, as
-    jobs (`draw_curve_figures`, its arguments): the first half of the figures on one grid of panels, the
-    second half on another. The arguments are the plotted runs as plain Python objects and their curves
-    as arrays, so that a forked process (analysis.background) can draw them without running Arrow code."""
+    jobs (`draw_curve_figures`, its arguments): one job, all figures on one grid of panels (making a grid
+    of 16 panels costs about a fifth of the drawing, and the forked process runs its jobs one after
+    another anyway). The arguments are the plotted runs as plain Python objects and their curves as
+    arrays, so that a forked process (analysis.background) can draw them without running Arrow code."""
     figures = [figure for figure in CURVE_FIGURES if figure[0] in curves]
     plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
     members = runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]].astype(object).reset_index(drop=True)
-    half = (len(figures) + 1) // 2
-    return [
-        (draw_curve_figures, (members, {curve: curves[curve][plotted] for curve, *_ in part}, part, out))
-        for part in (figures[:half], figures[half:]) if part
-    ]
+    return [(draw_curve_figures, (members, {curve: curves[curve][plotted] for curve, *_ in figures}, figures, out))] if figures else []
 
 
 def curve_figure_paths(curves: dict[str, np.ndarray], out: Path) -> list[Path]:

@@ -199,10 +199,11 @@ def _by_mode(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_report(
-    out: Path, sweeps: list[Path], runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame,
-    invariance: pd.DataFrame, invariance_summary: pd.DataFrame, plots: list[Path], tol: Tolerances,
-    cost: pd.DataFrame | None = None, floor: pd.DataFrame | None = None,
+    out: Path, sweeps: list[Path], answer: str, runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame,
+    invariance: pd.DataFrame, plots: list[Path], tol: Tolerances, cost: pd.DataFrame | None = None,
+    floor: pd.DataFrame | None = None,
 ) -> Path:
+    """report.md: `answer` (the `opening` of these tables, which the caller has already), then the tables and plots."""
     verdict_columns = {
         "group_label": "group", "reduction": "mode", "verdict_text": "verdict", "expected": "expected",
         "sketch_cos_step1": "cos@1", "factor": "scale@1", "grad_norm_ratio_median": "|g| ratio (median)",
@@ -215,7 +216,7 @@ def write_report(
     sections = [
         f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}",
         "",
-        opening(runs, verdicts, comm, invariance_summary, cost),
+        answer,
         "## Verdicts",
         "",
         _table(ordered[list(verdict_columns)].rename(columns=verdict_columns)),
