@@ -120,8 +120,6 @@ def _analyze(sweeps: list[Path], out: Path, tol: Tolerances, clock: _Clock, back
     clock("report")
     for drawn in curve_pngs:
         drawn.result()
-    if background is not None:
-        background.shutdown()
     clock("plots (rest, in the forked process)")
     parquet_written.result()
     writer.shutdown()

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from runner.config import RunConfig
+from runner.config import MetricsConfig, RunConfig, counted_step
 from runner.config_file import write_config_copy
 from runner.metrics_file import write_arrow_copy
 
 SKETCH_DIM = 8
+DEFAULT_METRICS = MetricsConfig()  # the runner's sampling of counted steps
 
 
 @dataclass
@@ -104,7 +105,7 @@ def _records(run: SyntheticRun) -> list[dict]:
         step = i + 1
         finite = step != run.diverge_at
         step_time = run.step_time_factor * 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
-        counted = step <= 3 or step % 100 == 0 or step == run.steps  # as the runner samples (metrics.count_*)
+        counted = counted_step(step, run.steps, DEFAULT_METRICS)  # as the runner samples (metrics.count_*)
         all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
         records.append(
             {

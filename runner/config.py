@@ -138,6 +138,11 @@ class MetricsConfig:
     gather_every: int = 10
 
 
+def counted_step(step: int, steps: int, metrics: MetricsConfig | DictConfig) -> bool:
+    """Whether the collective counter runs at `step` of `steps` (counts are the same every step)."""
+    return step <= metrics.count_first or step % metrics.count_every == 0 or step == steps
+
+
 @dataclass
 class MixedPrecisionConfig:
     # FSDP2's MixedPrecisionPolicy: the dtype of the unsharded parameters (the

@@ -42,7 +42,7 @@ from runner.config import Reduction
 from runner.floor import collective_floor
 from runner.gradients import clip_gradients
 from runner.data import local_micro_batches
-from runner.metrics import MetricLogger
+from runner.metrics import MetricLogger, on_schedule
 from runner.optim import lr_at, set_lr
 from runner.parallel import Meshes, set_gradient_reduction
 from runner.reduction import LossReducer, forward_backward, loss_collectives
@@ -121,7 +121,7 @@ def measure_cost(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: 
         }
         if logger is not None:
             logger.log(record)
-            if step == 1 or step % cfg.train.log_every == 0 or step == cfg.train.steps:
+            if on_schedule(step, cfg.train.log_every, last=cfg.train.steps):
                 arms = " ".join(f"{m}={t * 1e3:.1f}ms" for m, t in record["cost_s"].items())
                 print(f"cost step {step}/{cfg.train.steps} | loss {record['loss']:.4f} | {arms}", flush=True)
         if not (math.isfinite(trained_loss.loss) and math.isfinite(grad_norm)):

@@ -58,8 +58,7 @@ class MetricLogger:
         clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value) for key, value in record.items()}
         self.file.write(json.dumps(clean) + "\n")
         if self.wandb_writer is not None:
-            step = record["step"]
-            if step == 1 or step % self.wandb_every == 0:
+            if on_schedule(record["step"], self.wandb_every):
                 self._chart(record)
             else:
                 self.uncharted = record
@@ -92,6 +91,11 @@ class MetricLogger:
                     raise self.wandb_error
             finally:
                 run.finish()
+
+
+def on_schedule(step: int, every: int, last: int | None = None) -> bool:
+    """Step 1, every `every`-th step and `last`: the steps that print a progress line, or that W&B charts."""
+    return step == 1 or step % every == 0 or step == last
 
 
 def progress_line(record: dict[str, Any], steps: int) -> str:

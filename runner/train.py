@@ -38,11 +38,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import fault
 from runner.comm import CollectiveCounter, add_counts
-from runner.config import MetricsConfig
+from runner.config import counted_step
 from runner.data import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
 from runner.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
-from runner.metrics import MetricLogger, progress_line
+from runner.metrics import MetricLogger, on_schedule, progress_line
 from runner.model import build_model
 from runner.optim import build_optimizer, lr_at, set_lr
 from runner.parallel import Meshes, parallelize
@@ -66,11 +66,6 @@ def peak_rss_mib(group: dist.ProcessGroup) -> list[float]:
     ranks: list[float | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(ranks, round(own, 1), group=group)
     return ranks
-
-
-def counted_step(step: int, steps: int, metrics: MetricsConfig | DictConfig) -> bool:
-    """Whether the collective counter runs at `step` (counts are the same every step)."""
-    return step <= metrics.count_first or step % metrics.count_every == 0 or step == steps
 
 
 def world_gather(rows: torch.Tensor, group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
@@ -198,8 +193,7 @@ class Trainer:
         self.pending = []
         if self.logger is not None:
             for record in self.logger.write_held():
-                step = record["step"]
-                if step == 1 or step % self.settings.train.log_every == 0 or step == self.settings.train.steps:
+                if on_schedule(record["step"], self.settings.train.log_every, last=self.settings.train.steps):
                     print(progress_line(record, self.settings.train.steps), flush=True)
 
 

@@ -30,7 +30,8 @@ from analysis.groups import assign_groups
 from analysis.load import load_sweeps
 from runner.layout import ParallelLayout
 from runner.parallel import build_meshes
-from runner.train import Trainer, counted_step
+from runner.config import counted_step
+from runner.train import Trainer
 
 RUNNER = [sys.executable, "-m", "runner"]
 BUSY = [sys.executable, "-c", "while True: pass"]
