@@ -7,7 +7,7 @@ Per run, per optimizer step (means over the steps whose collectives were counted
   reduce-scatters, Ulysses' all-to-alls, the grad-norm all-reduce, the loss's);
 - *_latency_ms: the counter's issue-to-completion latency, which includes
   waiting for the slowest peer to arrive: not the collective's own cost
-  (that is the floor, `runner.floor`); peer_skew_ms_median is that wait's
+  (that is the floor, `runner.measure.floor`); peer_skew_ms_median is that wait's
   measure at the step's first collective;
 - step_ms_median (the world's step time), and `overhead_vs_local`: mean step
   time over that of the `local` runs paired with it, with a 95% bootstrap CI.

@@ -1,4 +1,4 @@
-"""Each mode's cost from the interleaved measurement (`runner.cost`): paired, block-bootstrapped, null-controlled.
+"""Each mode's cost from the interleaved measurement (`runner.measure.cost`): paired, block-bootstrapped, null-controlled.
 
 A cost job logs, per step t, every arm's world time T[t, mode] (the slowest
 rank's forward/backward, each arm after a barrier, in a random order per

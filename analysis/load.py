@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from runner.config_file import read_config
-from runner.metrics_file import parse_jsonl, read_arrow_copy
+from runner.record.config_file import read_config
+from runner.record.metrics_file import parse_jsonl, read_arrow_copy
 
 RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
 # Every run has these, whatever its config.yaml held: the analysis groups by them.

@@ -18,8 +18,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from runner.config import MetricsConfig, RunConfig, counted_step
-from runner.config_file import write_config_copy
-from runner.metrics_file import write_arrow_copy
+from runner.record.config_file import write_config_copy
+from runner.record.metrics_file import write_arrow_copy
 
 SKETCH_DIM = 8
 DEFAULT_METRICS = MetricsConfig()  # the runner's sampling of counted steps
@@ -152,7 +152,7 @@ def write_cost_job(
     job: Path, ratios: dict[str, float], steps: int = 150, noise: float = 0.02, drift_from: int | None = None,
     local_s: float = 0.03, seed: int = 0, world_size: int = 2, grad_accum: int = 2,
 ) -> Path:
-    """An interleaved cost job (runner.cost's files) whose arms take `ratios[mode]` x local's time.
+    """An interleaved cost job (runner.measure.cost's files) whose arms take `ratios[mode]` x local's time.
 
     Every step has its own load factor (1, or 3 from `drift_from` on, as when another
     process starts), shared by all arms of that step; each arm adds its own noise.

@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from omegaconf import DictConfig
 
-from runner.data import GlobalBatches, load_documents, local_micro_batches
-from runner.model import build_model
-from runner.optim import build_optimizer, lr_at, set_lr
-from runner.parallel import Meshes, parallelize
-from runner.reduction import token_loss_sum
+from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
+from runner.model.decoder import build_model
+from runner.train.optim import build_optimizer, lr_at, set_lr
+from runner.model.parallel import Meshes, parallelize
+from runner.train.reduction import token_loss_sum
 
 
 class BareLoop:

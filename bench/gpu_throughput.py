@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from runner.model import llama_ffn_hidden
+from runner.model.decoder import llama_ffn_hidden
 
 # Dense bf16 tensor-core peaks (TFLOP/s), from the vendors' data sheets (SXM parts).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "L4": 121.0}

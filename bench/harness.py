@@ -1,7 +1,7 @@
 """B1: the runner's step against a bare minimal FSDP2 loop, interleaved in one world (goal: <= 1.05x).
 
 One W-rank gloo world holds four trainers of the same model, data and
-optimizer (`sum`): the runner's (`runner.train.Trainer`: sampled collective
+optimizer (`sum`): the runner's (`runner.train.loop.Trainer`: sampled collective
 counting, gradient sketch, world step time, JSONL and offline W&B logging on
 rank 0), the same with that measurement off, and two bare loops
 (`bench.bare_loop`). Every step runs the four in a fresh random order, each
@@ -52,11 +52,11 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
     W&B's service process and of the logger's writer thread (both run beside every arm: no arm's time holds them)."""
     from bench.bare_loop import BareLoop
     from runner.layout import ParallelLayout
-    from runner.metrics import MetricLogger
-    from runner.parallel import build_meshes
-    from runner.train import Trainer
+    from runner.record.metrics import MetricLogger
+    from runner.model.parallel import build_meshes
+    from runner.train.loop import Trainer
     from runner.config import config_with
-    from runner.wandb_run import start_wandb_run
+    from runner.record.wandb_run import start_wandb_run
 
     overrides = {"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "train.log_every": 10**6}
     cfg = config_with(overrides)
@@ -106,7 +106,7 @@ def whole_run_ratios(frame: pd.DataFrame, warmup_steps: int, baseline: str = "ba
 def run(quick: bool) -> tuple[str, str, str]:
     from analysis.cost import paired_overheads
     from runner.config import MetricsConfig, WandbConfig
-    from runner.local_world import run_in_world
+    from runner.testing.local_world import run_in_world
 
     steps, world_size, grad_accum = (20, 2, 2) if quick else (800, 2, 2)
     with tempfile.TemporaryDirectory() as folder:

@@ -2,7 +2,7 @@
 
 Every round runs, in a random order, five arms of W=2 on this machine:
 
-- runner: `runner.launch.run_world` starting `bench.launcher_rank` (join as the worker does, barrier, leave);
+- runner: `runner.sweep.spawn.run_world` starting `bench.launcher_rank` (join as the worker does, barrier, leave);
 - runner again: the same, the null control (what the machine's noise alone makes of two equal arms);
 - runner, own session: the same, each rank started in a new session, as the elastic agent starts them;
 - elastic: `elastic_launch` (c10d rendezvous on a free port, max_restarts=0, per-rank log files with
@@ -36,7 +36,7 @@ import numpy as np
 from bench.fixed_cost import runner_job
 from bench.launcher_imports import autogroup
 from bench.launcher_imports import measure as measure_imports
-from runner.launch import run_world
+from runner.sweep.spawn import run_world
 
 LIMIT = 0.20  # the issue's bar: elastic stays out if its extra cost is above this share of the fixed cost
 RANK_PROGRAM = "bench.launcher_rank"
@@ -234,7 +234,7 @@ def run(quick: bool) -> tuple[str, str, str, str]:
     body = f"""
 {rounds} rounds; each runs five arms in a random order (W=2, gloo, this machine): the runner's `run_world` and
 torch's `elastic_launch` (c10d rendezvous on a free port, max_restarts=0, per-rank log files, rank 0 tee'd)
-each starting `bench/launcher_rank.py` (join as the worker does with `runner.distributed.init_world`, barrier,
+each starting `bench/launcher_rank.py` (join as the worker does with `runner.world.env.init_world`, barrier,
 leave); `run_world` once more as the null control, and once with its ranks in sessions of their own; and
 `python -m runner train.steps=1` (tiny, W&B offline), whose wall time minus training is the per-job fixed cost,
 as B2 measures it. Launcher arms are timed in this
@@ -279,7 +279,7 @@ functions timed the same way: the rendezvous' `_delay` and `TailLog.stop`):
 |---|---|
 {agent_table}
 
-The runner's launching process never imports torch (`runner.job` checks for a CUDA device node first); the
+The runner's launching process never imports torch (`runner.sweep.job` checks for a CUDA device node first); the
 agent would make it import torch and the launcher: {imports.fresh_s:.2f} s in a fresh process (median of
 {imports.reps}), once per sweep and once per single run. A single run would then pay
 {np.median(diff):+.2f} + {imports.fresh_s:.2f} = {np.median(diff) + imports.fresh_s:.2f} s, **{(np.median(diff) + imports.fresh_s) / np.median(fixed):.0%} of its fixed cost**;

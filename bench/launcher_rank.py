@@ -1,8 +1,8 @@
 """B8's rank program: join the world as the runner's worker does, barrier, leave, and write when each happened.
 
-`python -m bench.launcher_rank OUT_DIR [--spawned-at T]` (the second part is what `runner.launch.run_world`
-adds; it is ignored). The rank reads its place with `runner.distributed.rank_env` and joins with
-`init_world`, as `runner.worker` does: a FileStore when `run_world` spawned it, `env://` (the elastic
+`python -m bench.launcher_rank OUT_DIR [--spawned-at T]` (the second part is what `runner.sweep.spawn.run_world`
+adds; it is ignored). The rank reads its place with `runner.world.env.rank_env` and joins with
+`init_world`, as `runner.world.worker` does: a FileStore when `run_world` spawned it, `env://` (the elastic
 agent's TCPStore) when torch's elastic agent did. Rank r writes OUT_DIR/phases/rank<r>.json: epoch
 seconds at its first line, after importing torch.distributed, after joining and after leaving, then
 ends with `os._exit` as the worker does.
@@ -21,7 +21,7 @@ import torch.distributed  # noqa: E402, F401
 
 IMPORTED = time.time()
 
-from runner.distributed import init_world, leave_world, rank_env  # noqa: E402
+from runner.world.env import init_world, leave_world, rank_env  # noqa: E402
 
 env = rank_env()
 init_world(env, "cpu")

@@ -1,6 +1,6 @@
 """B3: what `sum` (and `detached`) cost over `local` at W=2, grad_accum 1 and 4, against the floor.
 
-Each grad_accum is one interleaved cost job (`runner.cost`, `experiment=cost`):
+Each grad_accum is one interleaved cost job (`runner.measure.cost`, `experiment=cost`):
 every step runs sum, local, detached, fsdp_sum and scaled on the same
 micro-batches in a random order, each after a barrier. The figures are
 `analysis.cost`'s: paired per-step ratios with moving-block-bootstrap 95% CIs,

@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from runner.config import register_configs
-from runner.validate import EXIT_INVALID
+from runner.sweep.validate import EXIT_INVALID
 
 register_configs()
 _jobs_started = 0
@@ -19,7 +19,7 @@ _jobs_started = 0
 def main(cfg: DictConfig) -> dict:
     global _jobs_started
     _jobs_started += 1
-    from runner.job import run_job
+    from runner.sweep.job import run_job
 
     return run_job(cfg)
 

@@ -3,7 +3,7 @@
 `conf/config.yaml` builds on `RunConfig` (stored as `run_schema`), so every
 YAML group file and every command-line override is type-checked against these
 fields by OmegaConf before anything runs. Cross-field rules (divisibility,
-ranges) live in `runner.validate`.
+ranges) live in `runner.sweep.validate`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config_file import write_config_copy
+from runner.record.config_file import write_config_copy
 
 
 class Reduction(str, Enum):
-    """Loss-reduction modes; the math is in `runner.reduction`."""
+    """Loss-reduction modes; the math is in `runner.train.reduction`."""
 
     sum = "sum"
     local = "local"
@@ -166,14 +166,14 @@ class DistConfig:
     # A collective that waits longer than this fails (a dead or hung peer)
     # instead of blocking the job until timeout_s.
     timeout_s: float = 300.0
-    # Run more CPU ranks than runner.validate.CPU_RANKS_PER_CORE x this machine's cores.
+    # Run more CPU ranks than runner.sweep.validate.CPU_RANKS_PER_CORE x this machine's cores.
     oversubscribe: bool = False
 
 
 @dataclass
 class CostConfig:
     # Non-empty: this job measures these modes' cost, interleaved in one world
-    # (`runner.cost`), and trains on `reduction`'s gradients. Must include `local`
+    # (`runner.measure.cost`), and trains on `reduction`'s gradients. Must include `local`
     # (the baseline) and `reduction`; `fsdp_sum` and `scaled` are the null controls.
     modes: list[Reduction] = field(default_factory=list)
     # Steps left out of every cost figure (allocator and thread-pool warm-up).
@@ -241,7 +241,7 @@ def run_config_yaml(cfg: DictConfig) -> str:
 
 
 def save_run_config(cfg: DictConfig, path: Path) -> None:
-    """config.yaml, and the JSON copy of it that the analysis reads (`runner.config_file`)."""
+    """config.yaml, and the JSON copy of it that the analysis reads (`runner.record.config_file`)."""
     path.write_text(run_config_yaml(cfg))
     write_config_copy(path)
 

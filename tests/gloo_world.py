@@ -1,5 +1,5 @@
-"""The tests' real gloo worlds: `runner.local_world.run_in_world` (shared with bench/)."""
+"""The tests' real gloo worlds: `runner.testing.local_world.run_in_world` (shared with bench/)."""
 
-from runner.local_world import run_in_world
+from runner.testing.local_world import run_in_world
 
 __all__ = ["run_in_world"]

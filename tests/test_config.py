@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from runner.config import register_configs, run_config_from
-from runner.validate import InvalidConfig, validate
+from runner.sweep.validate import InvalidConfig, validate
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register_configs()

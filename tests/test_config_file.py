@@ -10,7 +10,7 @@ import yaml
 from analysis.load import load_sweeps
 from analysis.synthetic import SyntheticRun, write_sweep
 from runner.config import config_with, save_run_config
-from runner.config_file import COPY_NAME, read_config, write_config_copy
+from runner.record.config_file import COPY_NAME, read_config, write_config_copy
 
 
 def test_the_runner_writes_a_copy_that_reads_back_as_its_yaml(tmp_path):

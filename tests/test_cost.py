@@ -29,9 +29,9 @@ from analysis.cost import cost_table
 from analysis.groups import assign_groups
 from analysis.load import load_sweeps
 from runner.layout import ParallelLayout
-from runner.parallel import build_meshes
+from runner.model.parallel import build_meshes
 from runner.config import counted_step
-from runner.train import Trainer
+from runner.train.loop import Trainer
 
 RUNNER = [sys.executable, "-m", "runner"]
 BUSY = [sys.executable, "-c", "while True: pass"]

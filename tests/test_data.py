@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import run_config
 
-from runner.data import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
+from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
 
 SPLITS = [(1, 1), (2, 1), (4, 1), (1, 4), (2, 2), (2, 4), (4, 4), (8, 2)]
 

@@ -39,7 +39,7 @@ def test_raise_fails_the_job_with_that_ranks_traceback(tmp_path, rank):
     info, records, wall = run_job(tmp_path, "fault.kind=raise", f"fault.rank={rank}")
     assert info["status"] == "failed" and info["failed_rank"] == rank, info
     assert info["error"].startswith(f"rank {rank}: InjectedFault: fault.kind=raise injected on rank {rank} at step {FAULT_STEP}")
-    assert "Traceback" in info["error"] and "runner/fault.py" in info["error"]
+    assert "Traceback" in info["error"] and "runner/train/fault.py" in info["error"]
     assert [r["step"] for r in records] == list(range(1, FAULT_STEP))
     assert wall < 60
 

@@ -15,11 +15,11 @@ from gloo_world import run_in_world
 from helpers import run_config
 
 from runner.config import Reduction
-from runner.data import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
+from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.model import build_model
-from runner.parallel import build_meshes, parallelize
-from runner.reduction import LossReducer, forward_backward
+from runner.model.decoder import build_model
+from runner.model.parallel import build_meshes, parallelize
+from runner.train.reduction import LossReducer, forward_backward
 
 WORLD_SIZES = (2, 4)
 GRAD_ACCUMS = (1, 3)

@@ -17,7 +17,7 @@ LONG_STEPS = 120
 
 def rank_processes(marker: str) -> list[str]:
     table = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in table.splitlines() if "runner.worker" in line and marker in line]
+    return [line for line in table.splitlines() if "runner.world.worker" in line and marker in line]
 
 
 def job_dirs(sweep: Path) -> dict[int, Path]:

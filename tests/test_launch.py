@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import warnings
 
-from runner import launch
-from runner.worker import one_line_warning
+from runner.sweep import spawn as launch
+from runner.world.worker import one_line_warning
 
 
 def test_each_distinct_warning_is_echoed_once(capsys):

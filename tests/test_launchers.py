@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.distributed import first_host, rank_env
+from runner.world.env import first_host, rank_env
 
 STEPS = 3
 QUICK = [f"train.steps={STEPS}", "wandb.mode=disabled", "metrics.sketch_dim=0"]

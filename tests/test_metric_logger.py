@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from runner.metrics import MetricLogger
+from runner.record.metrics import MetricLogger
 
 
 class RecordingRun:

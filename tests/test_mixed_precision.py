@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from runner.config import Reduction
-from runner.data import GlobalBatches, load_documents, local_micro_batches
+from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.local_world import run_in_world
-from runner.model import build_model
-from runner.parallel import build_meshes, parallelize
-from runner.reduction import LossReducer, forward_backward
+from runner.testing.local_world import run_in_world
+from runner.model.decoder import build_model
+from runner.model.parallel import build_meshes, parallelize
+from runner.train.reduction import LossReducer, forward_backward
 from tests.helpers import run_config
 
 MODES = (Reduction.sum, Reduction.local, Reduction.fsdp_sum, Reduction.scaled)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runner.validate import CPU_RANKS_PER_CORE, EXIT_INVALID, machine_problems, usable_cpu_cores
+from runner.sweep.validate import CPU_RANKS_PER_CORE, EXIT_INVALID, machine_problems, usable_cpu_cores
 from tests.helpers import run_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -12,13 +12,13 @@ from gloo_world import run_in_world
 from helpers import run_config
 
 from runner.config import Reduction
-from runner.data import GlobalBatches, load_documents, local_micro_batches
-from runner.gradients import GradientSketch, clip_gradients
+from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
+from runner.train.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
-from runner.model import build_model
-from runner.parallel import build_meshes, parallelize
-from runner.reduction import LossReducer, forward_backward
-from runner.train import world_gather
+from runner.model.decoder import build_model
+from runner.model.parallel import build_meshes, parallelize
+from runner.train.reduction import LossReducer, forward_backward
+from runner.train.loop import world_gather
 
 WORLD_SIZE = 3
 CFG = dict(train__seq_len=32, train__global_batch=6, seed=5, metrics__sketch_dim=4)

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 from gloo_world import run_in_world
 
-from runner.model import causal_attention
-from runner.ulysses import UlyssesAttention
+from runner.model.decoder import causal_attention
+from runner.model.ulysses import UlyssesAttention
 
 BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 16, 8
 

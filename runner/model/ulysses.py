@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from runner.model import AttentionFn, causal_attention
+from runner.model.decoder import AttentionFn, causal_attention
 
 
 class UlyssesAttention:

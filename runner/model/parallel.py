@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 from runner.config import Reduction
 from runner.layout import ParallelLayout
-from runner.model import Decoder
-from runner.reduction import fsdp_sums_gradients
-from runner.ulysses import UlyssesAttention
+from runner.model.decoder import Decoder
+from runner.train.reduction import fsdp_sums_gradients
+from runner.model.ulysses import UlyssesAttention
 
 
 @dataclass(frozen=True)

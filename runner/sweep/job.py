@@ -4,7 +4,7 @@ Whatever happens inside a job, it ends with a summary.json in its directory
 and returns normally, so one failed job never stops a sweep or loses the
 others' results. A single run (not a sweep) exits 2 (EXIT_INVALID) when its
 config is refused, before any rank starts, and 1 when the job failed or
-diverged (unless by an injected NaN), as a sweep does (`runner.tally`).
+diverged (unless by an injected NaN), as a sweep does (`runner.sweep.tally`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from runner.config import run_config_from, run_config_yaml, save_run_config
-from runner.distributed import RankEnv, rank_env
-from runner.launch import failure_report, run_world
+from runner.world.env import RankEnv, rank_env
+from runner.sweep.spawn import failure_report, run_world
 from runner.layout import ParallelLayout
-from runner.summary import read_summary, update_summary
-from runner.tally import ends_badly
-from runner.validate import (
+from runner.record.summary import read_summary, update_summary
+from runner.sweep.tally import ends_badly
+from runner.sweep.validate import (
     EXIT_INVALID,
     InvalidConfig,
     config_problems,
@@ -35,7 +35,7 @@ from runner.validate import (
     usable_cpu_cores,
     visible_cuda_devices,
 )
-from runner.worker import JobInfo, run_rank
+from runner.world.worker import JobInfo, run_rank
 
 log = logging.getLogger("runner")
 

@@ -1,6 +1,6 @@
-"""One rank of a job: `python -m runner.worker JOB_DIR --name NAME --group GROUP --spawned-at T`.
+"""One rank of a job: `python -m runner.world.worker JOB_DIR --name NAME --group GROUP --spawned-at T`.
 
-`runner.launch` starts one such process per rank; a job that joins a torchrun
+`runner.sweep.spawn` starts one such process per rank; a job that joins a torchrun
 world calls `run_rank` in-process instead. Rank 0 writes summary.json. A rank
 ends with `os._exit` after a barrier, the process group's destruction and W&B's
 finish (DESIGN.md section 2), so no rank aborts at interpreter exit.
@@ -55,13 +55,13 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     """Train as rank `env.rank`; returns the process exit code. Rank 0 writes summary.json."""
     import torch
 
-    from runner.distributed import init_world, leave_world, resolve_device_type
+    from runner.world.env import init_world, leave_world, resolve_device_type
     from runner.layout import ParallelLayout
-    from runner.metrics import MetricLogger
-    from runner.parallel import build_meshes
-    from runner.summary import update_summary, versions
-    from runner.train import train
-    from runner.wandb_run import start_wandb_run
+    from runner.record.metrics import MetricLogger
+    from runner.model.parallel import build_meshes
+    from runner.record.summary import update_summary, versions
+    from runner.train.loop import train
+    from runner.record.wandb_run import start_wandb_run
 
     layout = ParallelLayout.from_config(cfg)
     summary = {
@@ -130,11 +130,11 @@ def main(argv: list[str] | None = None) -> None:
     warnings.formatwarning = one_line_warning
 
     from runner.config import load_run_config
-    from runner.distributed import rank_env
+    from runner.world.env import rank_env
 
     env = rank_env()
     if env is None:
-        sys.exit("runner.worker runs as one rank of a world: RANK and WORLD_SIZE must be set (runner.launch sets them)")
+        sys.exit("runner.world.worker runs as one rank of a world: RANK and WORLD_SIZE must be set (runner.sweep.spawn sets them)")
     cfg = load_run_config(args.job_dir / "config.yaml")
     code = run_rank(cfg, args.job_dir, env, JobInfo(args.name, args.group, args.spawned_at), PROCESS_STARTED)
     sys.stdout.flush()

@@ -2,7 +2,7 @@
 
 Hydra's basic sweeper already refuses a sweep in which some job's config
 cannot be composed (unknown key, wrong type, bad enum value). This callback
-adds the rules of `runner.validate` (cross-field, data, and this machine's):
+adds the rules of `runner.sweep.validate` (cross-field, data, and this machine's):
 it lists the jobs that break them (each is then recorded as `invalid` without
 starting a process) and stops the sweep when no job is valid. On SLURM (`hydra/launcher=slurm` or
 `submitit_slurm`) it also refuses, before anything is submitted, a sweep whose
@@ -20,7 +20,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig
 
 from runner.config import run_config_from
-from runner.validate import config_problems, machine_problems, usable_cpu_cores, visible_cuda_devices
+from runner.sweep.validate import config_problems, machine_problems, usable_cpu_cores, visible_cuda_devices
 
 log = logging.getLogger("runner")
 

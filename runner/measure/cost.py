@@ -17,7 +17,7 @@ each arm after a barrier:
 So a change in machine load hits all arms of a step alike, and the analysis
 compares arms step by step (paired). `fsdp_sum` and `scaled` issue exactly
 `local`'s collectives: they are the null control, whose ratio to `local` must
-be 1. At the start, `runner.floor` times each kind of loss all-reduce alone
+be 1. At the start, `runner.measure.floor` times each kind of loss all-reduce alone
 (`floor.json`), so the analysis can set each mode's overhead beside
 `extra calls x floor`.
 
@@ -37,16 +37,16 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from runner.comm import CollectiveCounter
+from runner.measure.comm import CollectiveCounter
 from runner.config import Reduction
-from runner.floor import collective_floor
-from runner.gradients import clip_gradients
-from runner.data import local_micro_batches
-from runner.metrics import MetricLogger, on_schedule
-from runner.optim import lr_at, set_lr
-from runner.parallel import Meshes, set_gradient_reduction
-from runner.reduction import LossReducer, forward_backward, loss_collectives
-from runner.train import Trainer, TrainResult, synchronize
+from runner.measure.floor import collective_floor
+from runner.train.gradients import clip_gradients
+from runner.data.batches import local_micro_batches
+from runner.record.metrics import MetricLogger, on_schedule
+from runner.train.optim import lr_at, set_lr
+from runner.model.parallel import Meshes, set_gradient_reduction
+from runner.train.reduction import LossReducer, forward_backward, loss_collectives
+from runner.train.loop import Trainer, TrainResult, synchronize
 
 
 def arm_order(modes: list[Reduction], seed: int, step: int) -> list[Reduction]:

@@ -2,7 +2,7 @@
 
 Every rank runs this same loop on its share of each step's global batch; rank
 0 alone writes metrics (JSONL + W&B) and progress lines. A job with
-`cost.modes` set measures the modes' cost instead (`runner.cost`).
+`cost.modes` set measures the modes' cost instead (`runner.measure.cost`).
 
 What a step's timing means:
 - `step_time_s` is the world's step time: the slowest rank's forward/backward
@@ -36,17 +36,17 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from runner import fault
-from runner.comm import CollectiveCounter, add_counts
+from runner.train import fault
+from runner.measure.comm import CollectiveCounter, add_counts
 from runner.config import counted_step
-from runner.data import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
-from runner.gradients import GradientSketch, clip_gradients
+from runner.data.batches import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
+from runner.train.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
-from runner.metrics import MetricLogger, on_schedule, progress_line
-from runner.model import build_model
-from runner.optim import build_optimizer, lr_at, set_lr
-from runner.parallel import Meshes, parallelize
-from runner.reduction import LossReducer, forward_backward
+from runner.record.metrics import MetricLogger, on_schedule, progress_line
+from runner.model.decoder import build_model
+from runner.train.optim import build_optimizer, lr_at, set_lr
+from runner.model.parallel import Meshes, parallelize
+from runner.train.reduction import LossReducer, forward_backward
 
 NO_COMM = {"calls": 0, "bytes": 0, "seconds": 0.0}
 
@@ -199,7 +199,7 @@ class Trainer:
 
 def train(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
     if cfg.cost.modes:
-        from runner.cost import measure_cost
+        from runner.measure.cost import measure_cost
 
         result = measure_cost(cfg, meshes, device, logger)
         result.peak_rss_mib = peak_rss_mib(meshes.world_group)

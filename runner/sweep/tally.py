@@ -4,7 +4,7 @@
 the sweep then exits 1 when a job failed, or diverged without an injected NaN
 (`fault.kind=nan`), so a script or a CI job sees it. Invalid and skipped jobs
 were reported before launch and do not change the exit status. A single run
-follows the same rule (`runner.job`).
+follows the same rule (`runner.sweep.job`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from runner.config_file import read_config
-from runner.summary import STATUSES, read_summary
+from runner.record.config_file import read_config
+from runner.record.summary import STATUSES, read_summary
 
 log = logging.getLogger("runner")
 

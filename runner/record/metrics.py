@@ -22,8 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from runner.metrics_file import write_arrow_copy
-from runner.wandb_run import wandb_payload
+from runner.record.metrics_file import write_arrow_copy
+from runner.record.wandb_run import wandb_payload
 
 
 class MetricLogger:

@@ -13,9 +13,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from runner.config import FAULT_KINDS
-from runner.corpus import corpus_problem
+from runner.data.corpus import corpus_problem
 from runner.layout import ParallelLayout
-from runner.wandb_run import has_wandb_credentials
+from runner.record.wandb_run import has_wandb_credentials
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # More gloo ranks than this per core spend their time in the scheduler, not training.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.distributed import spawned_rank_environ
+from runner.world.env import spawned_rank_environ
 
 _POLL_S = 0.1
 _GRACE_S = 5.0  # how long the other ranks of a failed rank get to exit on their own
@@ -81,7 +81,7 @@ def _raise_terminated(signum, frame) -> None:
 
 
 def run_world(
-    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, module: str = "runner.worker"
+    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, module: str = "runner.world.worker"
 ) -> WorldOutcome:
     """Run `python -m MODULE JOB_DIR *worker_args --spawned-at T` as ranks 0..world_size-1 and wait.
 

@@ -48,7 +48,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from runner.config import Reduction
-from runner.data import IGNORE_INDEX, Batch
+from runner.data.batches import IGNORE_INDEX, Batch
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def fsdp_sums_gradients(mode: Reduction) -> bool:
 
 
 def loss_collectives(mode: Reduction, grad_accum: int) -> dict[str, int]:
-    """The all-reduces of one step's forward/backward, by kind (`runner.floor` times each kind).
+    """The all-reduces of one step's forward/backward, by kind (`runner.measure.floor` times each kind).
 
     plain: N's `dist.all_reduce`; functional: a waited `funcol.all_reduce`
     (detached's per micro-batch, the others' one per step in `finish_step`);

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from runner.corpus import PACKING_SEPARATOR, document_bytes
+from runner.data.corpus import PACKING_SEPARATOR, document_bytes
 
 IGNORE_INDEX = -100
 PAD_TOKEN = 0  # NUL never occurs in text, and its targets are ignored anyway

@@ -2,7 +2,7 @@
 
 A rank comes to life in one of three ways:
 
-- spawned by `runner.launch` for one Hydra job: RANK, WORLD_SIZE, LOCAL_RANK,
+- spawned by `runner.sweep.spawn` for one Hydra job: RANK, WORLD_SIZE, LOCAL_RANK,
   LOCAL_WORLD_SIZE and RUNNER_RENDEZVOUS_FILE are set by `spawned_rank_environ`.
   Rendezvous goes through a FileStore in a fresh temporary folder, so no port
   is fixed and two sweeps at once cannot clash;

@@ -2,7 +2,7 @@
 
 The launcher (a process that never imports torch) checks before any rank
 starts that the data can be read and holds at least one sequence; the ranks
-then tokenize the same documents (`runner.data`).
+then tokenize the same documents (`runner.data.batches`).
 """
 
 from __future__ import annotations

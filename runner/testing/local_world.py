@@ -2,8 +2,8 @@
 
 For the tests and the benchmarks: `fn` must be importable (a module-level
 function). The ranks get their environment from
-`runner.distributed.spawned_rank_environ` and join through
-`runner.distributed.init_world`, the same code the runner uses.
+`runner.world.env.spawned_rank_environ` and join through
+`runner.world.env.init_world`, the same code the runner uses.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from runner.distributed import init_world, leave_world, rank_env, spawned_rank_environ
+from runner.world.env import init_world, leave_world, rank_env, spawned_rank_environ
 
 
 def _rank_main(fn, args, rank: int, world_size: int, folder: str) -> None:

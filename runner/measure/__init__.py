@@ -1,0 +1,1 @@
+"""What the modes cost: the collective counter, the collective floor, and the interleaved cost loop."""

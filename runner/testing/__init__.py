@@ -1,0 +1,1 @@
+"""Real gloo worlds of CPU processes for the tests and the benchmarks."""
