@@ -32,7 +32,10 @@ run: setup
 	$(PY) -m analysis
 	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; upload the W&B runs: make sync)"
 
+# Lint and format check (ruff, configured in pyproject.toml), then the tests.
 test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(ARGS)
 
 analyze: setup

@@ -25,13 +25,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = Tolerances()
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
     parser.add_argument("sweeps", nargs="*", type=Path, help="sweep directories (default: the newest under multirun/)")
-    parser.add_argument("--out", type=Path, help="output folder (default: SWEEP/analysis; with several sweeps, FIRST/analysis-combined)")
-    parser.add_argument("--check", action="store_true", help="exit 1 unless every verdict is the expected one for its mode")
-    parser.add_argument("--wandb", choices=WANDB_MODES, default="auto", help="W&B run of the analysis (auto: as the sweep's runs)")
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default: SWEEP/analysis; with several sweeps, FIRST/analysis-combined)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 unless every verdict is the expected one for its mode"
+    )
+    parser.add_argument(
+        "--wandb", choices=WANDB_MODES, default="auto", help="W&B run of the analysis (auto: as the sweep's runs)"
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--loss-rtol", type=float, default=defaults.loss_rtol, help="relative loss difference of matching curves")
-    parser.add_argument("--cos-tol", type=float, default=defaults.cos_tol, help="1 - cosine up to which directions are the same")
-    parser.add_argument("--scale-rtol", type=float, default=defaults.scale_rtol, help="|k - 1| up to which the scale is the same")
+    parser.add_argument(
+        "--loss-rtol", type=float, default=defaults.loss_rtol, help="relative loss difference of matching curves"
+    )
+    parser.add_argument(
+        "--cos-tol", type=float, default=defaults.cos_tol, help="1 - cosine up to which directions are the same"
+    )
+    parser.add_argument(
+        "--scale-rtol", type=float, default=defaults.scale_rtol, help="|k - 1| up to which the scale is the same"
+    )
     args = parser.parse_args(argv)
     for sweep in args.sweeps:
         if not sweep.is_dir():

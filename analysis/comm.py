@@ -40,10 +40,26 @@ RESAMPLES = 2000
 CONFIDENCE = 0.95
 
 COLUMNS = [
-    "group", "group_label", "reduction", "layout", "world_size", "sp", "grad_accum", "status",
-    "loss_all_reduce_calls", "loss_all_reduce_bytes", "loss_all_reduce_latency_ms",
-    "total_calls", "total_bytes", "total_comm_latency_ms", "extra_loss_calls_vs_local",
-    "step_ms_median", "peer_skew_ms_median", "overhead_vs_local", "overhead_ci_low", "overhead_ci_high",
+    "group",
+    "group_label",
+    "reduction",
+    "layout",
+    "world_size",
+    "sp",
+    "grad_accum",
+    "status",
+    "loss_all_reduce_calls",
+    "loss_all_reduce_bytes",
+    "loss_all_reduce_latency_ms",
+    "total_calls",
+    "total_bytes",
+    "total_comm_latency_ms",
+    "extra_loss_calls_vs_local",
+    "step_ms_median",
+    "peer_skew_ms_median",
+    "overhead_vs_local",
+    "overhead_ci_low",
+    "overhead_ci_high",
 ]
 # Config keys outside the comparison group that still change a run's step time.
 COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every", "metrics.gather_every")
@@ -87,7 +103,9 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
     with warnings.catch_warnings():  # runs without a field (or without steps) give NaN, not a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         for column, source in fields.items():
-            values = np.nanmean(np.where(logged, a[source], np.nan), axis=1) if logged.any() else np.full(len(runs), np.nan)
+            values = (
+                np.nanmean(np.where(logged, a[source], np.nan), axis=1) if logged.any() else np.full(len(runs), np.nan)
+            )
             out[column] = values * (1e3 if column.endswith("_ms") else 1)
 
     times = a["step_time_s"].copy()
@@ -120,7 +138,10 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(times, axis=1) if times.size else np.full(len(runs), np.nan)
         # The second draw is used for the `local` partners only (the other columns of time_members are 0).
-        run_means, local_runs = _bootstrap_means(times, rng), _bootstrap_means(times, rng, rows=time_members.any(axis=0))
+        run_means, local_runs = (
+            _bootstrap_means(times, rng),
+            _bootstrap_means(times, rng, rows=time_members.any(axis=0)),
+        )
         local_means = np.nan_to_num(local_runs) @ time_members.T  # [resample, key]
         paired = has_partner & enough
         ratios = run_means / local_means[:, codes]

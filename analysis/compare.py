@@ -54,7 +54,9 @@ def _positions(steps: pd.DataFrame, run_ids: pd.Series) -> tuple[np.ndarray, np.
     return keep, row[keep].astype(np.int64) * n_steps + steps["step"].to_numpy()[keep].astype(int) - 1, n_steps
 
 
-def step_arrays(steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def step_arrays(
+    steps: pd.DataFrame, run_ids: pd.Series, columns: list[str]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(logged[run, step], {column: values[run, step]}) with NaN where a run has no such step."""
     keep, flat, n_steps = _positions(steps, run_ids)
     logged = np.zeros((len(run_ids), n_steps), dtype=bool)
@@ -128,7 +130,12 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     out["grad_norm_ratio_step1"] = grad_ratio[:, 0]
     out["grad_norm_ratio_median"] = _nan_median(grad_ratio)
 
-    curves = {"logged": logged, "loss": loss, "loss_diff": np.where(shared, loss - base_loss, np.nan), "grad_norm_ratio": grad_ratio}
+    curves = {
+        "logged": logged,
+        "loss": loss,
+        "loss_diff": np.where(shared, loss - base_loss, np.nan),
+        "grad_norm_ratio": grad_ratio,
+    }
     if sketch_columns:
         sketch = step_stack(steps, runs["run"], sketch_columns)  # [run, step, k]
         base_sketch = sketch[b]
@@ -144,7 +151,9 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
             scale = dot / squared[b]
         cos, scale = np.where(shared, cos, np.nan), np.where(shared, scale, np.nan)
         out["sketch_cos_step1"], out["sketch_scale_step1"] = cos[:, 0], scale[:, 0]
-        out["sketch_cos_min"] = np.where(np.isfinite(cos).any(axis=1), np.nanmin(np.where(np.isfinite(cos), cos, np.inf), axis=1), np.nan)
+        out["sketch_cos_min"] = np.where(
+            np.isfinite(cos).any(axis=1), np.nanmin(np.where(np.isfinite(cos), cos, np.inf), axis=1), np.nan
+        )
         out["sketch_scale_median"] = _nan_median(scale)
         out["sketch_identical"] = shared.any(axis=1) & (identical | ~shared).all(axis=1)
         curves.update(sketch_cos=cos, sketch_scale=scale)
@@ -159,7 +168,9 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     out["first_step_beyond"] = first_true(beyond)
     out["losses_identical"] = shared.any(axis=1) & ((loss == base_loss) | ~shared).all(axis=1)
     clipped = logged & (a["clip_coef"] < 1.0)
-    out["clip_active_frac"] = np.where(logged.any(axis=1), clipped.sum(axis=1) / np.maximum(logged.sum(axis=1), 1), np.nan)
+    out["clip_active_frac"] = np.where(
+        logged.any(axis=1), clipped.sum(axis=1) / np.maximum(logged.sum(axis=1), 1), np.nan
+    )
     return out, curves
 
 

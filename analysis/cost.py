@@ -36,8 +36,25 @@ RESAMPLES = 2000
 CONFIDENCE = 0.95
 
 COLUMNS = [
-    "job", "world_size", "sp", "grad_accum", "mode", "role", "steps", "block", "local_ms", "ratio", "ci_low", "ci_high",
-    "extra_ms", "extra_ci_low", "extra_ci_high", "resolution", "verdict", "predicted_extra_ms", "floor_explains",
+    "job",
+    "world_size",
+    "sp",
+    "grad_accum",
+    "mode",
+    "role",
+    "steps",
+    "block",
+    "local_ms",
+    "ratio",
+    "ci_low",
+    "ci_high",
+    "extra_ms",
+    "extra_ci_low",
+    "extra_ci_high",
+    "resolution",
+    "verdict",
+    "predicted_extra_ms",
+    "floor_explains",
     "extra_calls",
 ]
 
@@ -87,11 +104,20 @@ def paired_overheads(
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(boot_ratio, [tail, 100 - tail], axis=0)
     extra_low, extra_high = np.percentile(boot_extra, [tail, 100 - tail], axis=0)
-    return pd.DataFrame({
-        "mode": modes, "steps": n, "block": block, "local_ms": np.median(base) * 1e3,
-        "ratio": np.median(ratios, axis=0), "ci_low": low, "ci_high": high,
-        "extra_ms": np.median(extras, axis=0) * 1e3, "extra_ci_low": extra_low * 1e3, "extra_ci_high": extra_high * 1e3,
-    })
+    return pd.DataFrame(
+        {
+            "mode": modes,
+            "steps": n,
+            "block": block,
+            "local_ms": np.median(base) * 1e3,
+            "ratio": np.median(ratios, axis=0),
+            "ci_low": low,
+            "ci_high": high,
+            "extra_ms": np.median(extras, axis=0) * 1e3,
+            "extra_ci_low": extra_low * 1e3,
+            "extra_ci_high": extra_high * 1e3,
+        }
+    )
 
 
 def _predictions(modes: pd.Series, collectives: dict, floor: dict | None) -> tuple[np.ndarray, list]:
@@ -124,7 +150,9 @@ def judge(table: pd.DataFrame) -> pd.DataFrame:
         verdicts = np.full(len(table), "null control failed")
     null_verdict = np.where((table["ci_low"] <= 1) & (table["ci_high"] >= 1), "null: contains 1", "null: excludes 1")
     table["verdict"] = np.where(table["role"] == "null control", null_verdict, verdicts)
-    holds = (table["extra_ci_low"] <= table["predicted_extra_ms"]) & (table["predicted_extra_ms"] <= table["extra_ci_high"])
+    holds = (table["extra_ci_low"] <= table["predicted_extra_ms"]) & (
+        table["predicted_extra_ms"] <= table["extra_ci_high"]
+    )
     above = table["extra_ci_low"] > table["predicted_extra_ms"]
     table["floor_explains"] = np.select(
         [table["predicted_extra_ms"].isna(), holds, above],
@@ -161,8 +189,15 @@ def floor_table(cost_jobs: pd.DataFrame) -> pd.DataFrame:
             continue
         floor = json.loads(path.read_text())
         for kind in ("plain", "functional", "differentiable"):
-            rows.append({
-                "job": job["job"], "backend": floor["backend"], "world_size": floor["world_size"], "kind": kind,
-                "median_ms": floor[kind]["median_s"] * 1e3, "p90_ms": floor[kind]["p90_s"] * 1e3, "calls": floor[kind]["calls"],
-            })
+            rows.append(
+                {
+                    "job": job["job"],
+                    "backend": floor["backend"],
+                    "world_size": floor["world_size"],
+                    "kind": kind,
+                    "median_ms": floor[kind]["median_s"] * 1e3,
+                    "p90_ms": floor[kind]["p90_s"] * 1e3,
+                    "calls": floor[kind]["calls"],
+                }
+            )
     return pd.DataFrame(rows, columns=["job", "backend", "world_size", "kind", "median_ms", "p90_ms", "calls"])

@@ -41,7 +41,9 @@ def token_counts_vary(runs: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[p
     return at_first.astype(bool), anywhere.astype(bool)
 
 
-def expected_verdicts(runs: pd.DataFrame, verdicts: pd.DataFrame, tol: Tolerances, steps: pd.DataFrame | None = None) -> pd.DataFrame:
+def expected_verdicts(
+    runs: pd.DataFrame, verdicts: pd.DataFrame, tol: Tolerances, steps: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """`expected` (text) and `as_expected` (bool; NA for jobs that never ran) per run."""
     mode = runs["reduction"]
     varies_at_first, varies_anywhere = token_counts_vary(runs, steps)

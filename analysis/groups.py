@@ -65,8 +65,13 @@ def _layout_names(runs: pd.DataFrame) -> np.ndarray:
     known = runs[LAYOUT].notna().all(axis=1)
     sizes = runs[LAYOUT].where(known, 1).astype(int)
     name = (
-        "DP(" + (sizes["world_size"] // sizes["sp"]).astype(str) + ")-SP(" + sizes["sp"].astype(str)
-        + ")-GA(" + sizes["grad_accum"].astype(str) + ")"
+        "DP("
+        + (sizes["world_size"] // sizes["sp"]).astype(str)
+        + ")-SP("
+        + sizes["sp"].astype(str)
+        + ")-GA("
+        + sizes["grad_accum"].astype(str)
+        + ")"
     )
     return np.where(known, name, "unknown layout")
 

@@ -66,10 +66,14 @@ def invariance_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per (family, mode): invariant or the axes its curve changes with."""
     if table.empty:
         return pd.DataFrame(columns=["family", "reduction", "invariant", "changes_with"])
-    by_mode = table.assign(changed_axis=table["axis"].where(table["changes"])).groupby(["family", "reduction"], sort=False)
-    summary = pd.DataFrame({
-        "invariant": ~by_mode["changes"].any(),
-        "changes_with": by_mode["changed_axis"].agg(lambda axes: ", ".join(axes.dropna())),
-        "max_rel_diff": by_mode["max_rel_diff"].max(),
-    })
+    by_mode = table.assign(changed_axis=table["axis"].where(table["changes"])).groupby(
+        ["family", "reduction"], sort=False
+    )
+    summary = pd.DataFrame(
+        {
+            "invariant": ~by_mode["changes"].any(),
+            "changes_with": by_mode["changed_axis"].agg(lambda axes: ", ".join(axes.dropna())),
+            "max_rel_diff": by_mode["max_rel_diff"].max(),
+        }
+    )
     return summary.reset_index()

@@ -31,11 +31,28 @@ import yaml
 from runner.record.config_file import read_config
 from runner.record.metrics_file import parse_jsonl, read_arrow_copy
 
-RUN_COLUMNS = ["run", "sweep", "job", "status", "error", "steps_done", "steps_logged", "diverged_at", "device_used", "backend"]
+RUN_COLUMNS = [
+    "run",
+    "sweep",
+    "job",
+    "status",
+    "error",
+    "steps_done",
+    "steps_logged",
+    "diverged_at",
+    "device_used",
+    "backend",
+]
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
 REQUIRED_CONFIG = {
-    "reduction": None, "world_size": np.nan, "sp": np.nan, "grad_accum": np.nan, "data.packing": False,
-    "optim.name": None, "optim.lr": np.nan, "optim.clip": np.nan,
+    "reduction": None,
+    "world_size": np.nan,
+    "sp": np.nan,
+    "grad_accum": np.nan,
+    "data.packing": False,
+    "optim.name": None,
+    "optim.lr": np.nan,
+    "optim.clip": np.nan,
 }
 
 
@@ -76,7 +93,10 @@ def _read_summary(job: Path) -> dict:
     try:
         return json.loads((job / "summary.json").read_text())
     except FileNotFoundError:
-        return {"status": "unfinished", "error": "no summary.json: still running, or its process died before writing one"}
+        return {
+            "status": "unfinished",
+            "error": "no summary.json: still running, or its process died before writing one",
+        }
     except json.JSONDecodeError as error:
         return {"status": "failed", "error": f"summary.json is not JSON: {error}"}
 
@@ -166,7 +186,9 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
     if not jobs:
         raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
-    loaded = list(zip([_run_row(sweep, job) for sweep, job in jobs], _read_metrics([job / "metrics.jsonl" for _, job in jobs])))
+    loaded = list(
+        zip([_run_row(sweep, job) for sweep, job in jobs], _read_metrics([job / "metrics.jsonl" for _, job in jobs]))
+    )
     cost_jobs = pd.DataFrame(
         [{**row, "path": str(sweep / job.name)} for (row, _), (sweep, job) in zip(loaded, jobs) if is_cost_job(row)]
     )

@@ -42,4 +42,6 @@ def nanmedian(values: np.ndarray) -> np.ndarray:
 
 def nanpercentile(values: np.ndarray, q: list[float]) -> np.ndarray:
     """np.nanpercentile(values, q, axis=-1) of a [line, n] array: [len(q), line]."""
-    return _by_line(values, lambda v: np.percentile(v, q, axis=-1), lambda v: np.nanpercentile(v, q, axis=-1), (len(q),))
+    return _by_line(
+        values, lambda v: np.percentile(v, q, axis=-1), lambda v: np.nanpercentile(v, q, axis=-1), (len(q),)
+    )

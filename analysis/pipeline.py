@@ -18,8 +18,8 @@ import pandas as pd
 from analysis import plots
 from analysis.background import Background
 from analysis.comm import comm_table
-from analysis.cost import cost_table, floor_table
 from analysis.compare import Tolerances, measure, verdicts
+from analysis.cost import cost_table, floor_table
 from analysis.expected import expected_verdicts
 from analysis.groups import assign_groups
 from analysis.invariance import invariance, invariance_summary
@@ -29,8 +29,22 @@ from analysis.runs_parquet import write_runs_parquet
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
-    "run", "sweep", "job", "group", "group_label", "family", "layout", "optimizer", "reduction", "world_size", "sp",
-    "grad_accum", "status", "diverged_at", "baseline", "baseline_kind",
+    "run",
+    "sweep",
+    "job",
+    "group",
+    "group_label",
+    "family",
+    "layout",
+    "optimizer",
+    "reduction",
+    "world_size",
+    "sp",
+    "grad_accum",
+    "status",
+    "diverged_at",
+    "baseline",
+    "baseline_kind",
 ]
 
 
@@ -61,7 +75,9 @@ class _Clock:
         self._last = now
 
 
-def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, make_plots: bool = True, wandb_mode: str = "auto") -> Analysis:
+def analyze(
+    sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, make_plots: bool = True, wandb_mode: str = "auto"
+) -> Analysis:
     # Two helpers work while this process computes: a forked process that draws the per-group
     # figures, and a thread that builds and writes runs.parquet (Arrow, mostly without the GIL).
     # The process is forked first, before the load: no other thread is at work yet, and it shares
@@ -76,7 +92,9 @@ def analyze(sweeps: list[Path], out: Path, tol: Tolerances = Tolerances(), *, ma
             background.shutdown()  # at once where the analysis raised; else it has waited for the figures already
 
 
-def _analyze(sweeps: list[Path], out: Path, tol: Tolerances, clock: _Clock, background: Background | None, wandb_mode: str) -> Analysis:
+def _analyze(
+    sweeps: list[Path], out: Path, tol: Tolerances, clock: _Clock, background: Background | None, wandb_mode: str
+) -> Analysis:
     make_plots = background is not None
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_sweeps(sweeps)
@@ -87,9 +105,15 @@ def _analyze(sweeps: list[Path], out: Path, tol: Tolerances, clock: _Clock, back
 
     measures, curves = measure(runs, loaded.steps, tol)
     plotting = make_plots and bool(curves["logged"].any())
-    curve_pngs = [background.submit(draw, *args) for draw, args in plots.curve_figure_jobs(runs, curves, out)] if plotting else []
+    curve_pngs = (
+        [background.submit(draw, *args) for draw, args in plots.curve_figure_jobs(runs, curves, out)]
+        if plotting
+        else []
+    )
     judged = verdicts(runs, measures, tol)
-    table = pd.concat([runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol, loaded.steps)], axis=1)
+    table = pd.concat(
+        [runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol, loaded.steps)], axis=1
+    )
     clip_by_run = measures["clip_active_frac"].set_axis(runs["run"])
     table.insert(table.columns.get_loc("clip_active_frac") + 1, "baseline_clip_frac", runs["baseline"].map(clip_by_run))
     table.to_csv(out / "verdicts.csv", index=False)

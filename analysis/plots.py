@@ -22,9 +22,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 MAX_GROUPS = 16
 MODES = ["sum", "fsdp_sum", "scaled", "local", "detached", "mean_of_means"]
@@ -49,8 +49,12 @@ def _panels(count: int):
     height = TOP + BOTTOM + PANEL_H * rows + 0.6 * (rows - 1)
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False, sharex=True)
     fig.subplots_adjust(
-        left=LEFT / width, right=1 - RIGHT / width, bottom=BOTTOM / height, top=1 - TOP / height,
-        wspace=0.6 / PANEL_W, hspace=0.6 / PANEL_H,
+        left=LEFT / width,
+        right=1 - RIGHT / width,
+        bottom=BOTTOM / height,
+        top=1 - TOP / height,
+        wspace=0.6 / PANEL_W,
+        hspace=0.6 / PANEL_H,
     )
     for ax in axes.flat[count:]:
         ax.set_visible(False)
@@ -64,8 +68,12 @@ CURVE_FIGURES = [
     # Step 1 is the clean factor (same parameters); later steps compare gradients
     # at parameters that have drifted apart unless the runs are equivalent.
     ("sketch_scale", "gradient_scale.png", "Gradient scale k against the baseline (sketch)", "k"),
-    ("sketch_cos", "gradient_direction.png",
-     "Gradient direction: cosine with the baseline (after step 1, runs that train differently have drifted apart)", "cosine"),
+    (
+        "sketch_cos",
+        "gradient_direction.png",
+        "Gradient direction: cosine with the baseline (after step 1, runs that train differently have drifted apart)",
+        "cosine",
+    ),
 ]
 
 
@@ -77,8 +85,16 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     arrays, so that a forked process (analysis.background) can draw them without running Arrow code."""
     figures = [figure for figure in CURVE_FIGURES if figure[0] in curves]
     plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
-    members = runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]].astype(object).reset_index(drop=True)
-    return [(draw_curve_figures, (members, {curve: curves[curve][plotted] for curve, *_ in figures}, figures, out))] if figures else []
+    members = (
+        runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]]
+        .astype(object)
+        .reset_index(drop=True)
+    )
+    return (
+        [(draw_curve_figures, (members, {curve: curves[curve][plotted] for curve, *_ in figures}, figures, out))]
+        if figures
+        else []
+    )
 
 
 def curve_figure_paths(curves: dict[str, np.ndarray], out: Path) -> list[Path]:
@@ -91,7 +107,9 @@ def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pat
     return [path for draw, args in curve_figure_jobs(runs, curves, out) for path in draw(*args)]
 
 
-def draw_curve_figures(runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path) -> list[Path]:
+def draw_curve_figures(
+    runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path
+) -> list[Path]:
     """`figures` (CURVE_FIGURES entries) drawn on one grid of panels, one figure after another.
 
     Making the axes and their ticks is most of a figure's cost, so it is paid once,
@@ -132,7 +150,14 @@ def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.nd
         for row, run in members.iterrows():
             position = runs.index.get_loc(row)
             style = "--" if run["run"] == run["baseline"] else "-"
-            ax.plot(steps, values[position], style, color=COLORS.get(run["reduction"], "grey"), lw=1.2, label=run["reduction"])
+            ax.plot(
+                steps,
+                values[position],
+                style,
+                color=COLORS.get(run["reduction"], "grey"),
+                lw=1.2,
+                label=run["reduction"],
+            )
         ax.relim()
         ax.autoscale()  # the limits of these curves, computed when the figure is drawn
         ax.set_ylabel(ylabel)
@@ -156,10 +181,18 @@ def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
         error = np.abs(one[["overhead_ci_low", "overhead_ci_high"]].to_numpy().T - one["overhead_vs_local"].to_numpy())
         time_ax.bar(offset, one["overhead_vs_local"], width, yerr=error, color=COLORS[mode], capsize=2)
     if table["loss_all_reduce_calls"].isna().all():
-        calls_ax.text(0.5, 0.5, "not recorded (runs without loss_comm)", ha="center", va="center", transform=calls_ax.transAxes)
+        calls_ax.text(
+            0.5, 0.5, "not recorded (runs without loss_comm)", ha="center", va="center", transform=calls_ax.transAxes
+        )
     calls_ax.set_ylabel("loss all-reduces / step")
-    fig.legend(*calls_ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, 0.95), ncol=min(len(modes), 6),
-               fontsize=8, frameon=False)
+    fig.legend(
+        *calls_ax.get_legend_handles_labels(),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.95),
+        ncol=min(len(modes), 6),
+        fontsize=8,
+        frameon=False,
+    )
     time_ax.axhline(1.0, color="grey", lw=0.8)
     time_ax.set_ylabel("step time / local's\n(sequential jobs: drift included)")
     time_ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)

@@ -9,9 +9,9 @@ import pandas as pd
 
 from analysis.comm import WARMUP_STEPS
 from analysis.compare import NOT_RUN, Tolerances
-from analysis.report_cost import cost_rows, interleaved_clause
 from analysis.expected import SAME
 from analysis.plots import MAX_GROUPS, MODES
+from analysis.report_cost import cost_rows, interleaved_clause
 
 
 def _range(values: pd.Series, fmt: str) -> str:
@@ -33,12 +33,19 @@ def _curve_clause(rescaled: pd.DataFrame, optimizer: str) -> str:
     deviating = rescaled[~rescaled["loss_matches"]]
     if not len(deviating):
         return f"{under}its loss curve still matches the baseline's"
-    curve = f"{under}its loss curve matches in {matching}/{len(rescaled)}; elsewhere it" if matching else f"{under}its loss curve"
-    clipped = deviating["baseline_clip_frac"].fillna(0).gt(0).any() or deviating["clip_active_frac"].fillna(0).gt(0).any()
+    curve = (
+        f"{under}its loss curve matches in {matching}/{len(rescaled)}; elsewhere it"
+        if matching
+        else f"{under}its loss curve"
+    )
+    clipped = (
+        deviating["baseline_clip_frac"].fillna(0).gt(0).any() or deviating["clip_active_frac"].fillna(0).gt(0).any()
+    )
     clipping = (
         f" (clipping active in {_range(deviating['baseline_clip_frac'] * 100, '.0f')}% of the baseline's steps, "
         f"{_range(deviating['clip_active_frac'] * 100, '.0f')}% of its own)"
-        if clipped else " (no clipping)"
+        if clipped
+        else " (no clipping)"
     )
     return (
         f"{curve} departs from step {_range(deviating['first_step_beyond'], '.0f')} and ends "
@@ -69,11 +76,14 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
         factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
         is_one_over_w = np.allclose(rescaled["factor"] * rescaled["world_size"], 1, rtol=1e-3)
         several = rescaled["optimizer"].nunique() > 1
-        curves = [_curve_clause(runs_of, optimizer if several else "") for optimizer, runs_of in rescaled.groupby("optimizer")]
+        curves = [
+            _curve_clause(runs_of, optimizer if several else "") for optimizer, runs_of in rescaled.groupby("optimizer")
+        ]
         parts.append(
             f"the same direction (step-1 cosine {_range(rescaled['sketch_cos_step1'], '.6f')}) scaled by {factors}"
             + (" (= 1/W)" if is_one_over_w else "")
-            + f" in {len(rescaled)}/{len(compared)} runs; " + "; ".join(curves)
+            + f" in {len(rescaled)}/{len(compared)} runs; "
+            + "; ".join(curves)
         )
     different = compared[compared["verdict"] == "different"]
     if len(different):
@@ -101,7 +111,10 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
         rows = multi[multi["reduction"].isin(modes)]
         return len(rows) > 0 and bool(test(rows).all())
 
-    without = all_are(["local", "detached"], lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3))
+    without = all_are(
+        ["local", "detached"],
+        lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3),
+    )
     alternatives = all_are(["fsdp_sum", "scaled"], lambda r: r["verdict"].isin(SAME))
     if not without:
         return ""
@@ -131,7 +144,8 @@ def _calls_clause(comm: pd.DataFrame) -> str:
         if len(calls):
             parts.append(
                 f"`{mode}` issues {_range(calls, '.0f')} more loss all-reduce{'' if calls.max() == 1 else 's'} per step than `local`"
-                if (calls != 0).any() else f"`{mode}` as many loss all-reduces per step as `local`"
+                if (calls != 0).any()
+                else f"`{mode}` as many loss all-reduces per step as `local`"
             )
     return "; ".join(parts)
 
@@ -165,7 +179,11 @@ def _invariance_sentence(summary: pd.DataFrame) -> str:
 
 
 def opening(
-    runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance_summary: pd.DataFrame, cost: pd.DataFrame | None = None
+    runs: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    comm: pd.DataFrame,
+    invariance_summary: pd.DataFrame,
+    cost: pd.DataFrame | None = None,
 ) -> str:
     """The report's first section: the answer, from the numbers."""
     ran = runs[~runs["status"].isin(NOT_RUN) & runs["optim.name"].notna()]
@@ -199,15 +217,30 @@ def _by_mode(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_report(
-    out: Path, sweeps: list[Path], answer: str, runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame,
-    invariance: pd.DataFrame, plots: list[Path], tol: Tolerances, cost: pd.DataFrame | None = None,
+    out: Path,
+    sweeps: list[Path],
+    answer: str,
+    runs: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    comm: pd.DataFrame,
+    invariance: pd.DataFrame,
+    plots: list[Path],
+    tol: Tolerances,
+    cost: pd.DataFrame | None = None,
     floor: pd.DataFrame | None = None,
 ) -> Path:
     """report.md: `answer` (the `opening` of these tables, which the caller has already), then the tables and plots."""
     verdict_columns = {
-        "group_label": "group", "reduction": "mode", "verdict_text": "verdict", "expected": "expected",
-        "sketch_cos_step1": "cos@1", "factor": "scale@1", "grad_norm_ratio_median": "|g| ratio (median)",
-        "loss_max_abs_diff": "max |Δloss|", "final_loss_diff": "final Δloss", "first_step_beyond": "departs at",
+        "group_label": "group",
+        "reduction": "mode",
+        "verdict_text": "verdict",
+        "expected": "expected",
+        "sketch_cos_step1": "cos@1",
+        "factor": "scale@1",
+        "grad_norm_ratio_median": "|g| ratio (median)",
+        "loss_max_abs_diff": "max |Δloss|",
+        "final_loss_diff": "final Δloss",
+        "first_step_beyond": "departs at",
         "clip_active_frac": "clipped",
     }
     ordered = _by_mode(verdicts)

@@ -15,7 +15,9 @@ def interleaved_clause(job: pd.DataFrame) -> str:
         f"median ratio to `local`'s forward+backward with a 95% block-bootstrap CI)"
     )
     null = job[job["role"] == "null control"]
-    nulls = ", ".join(f"`{r['mode']}` {r['ratio']:.3f}× [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for _, r in null.iterrows())
+    nulls = ", ".join(
+        f"`{r['mode']}` {r['ratio']:.3f}× [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for _, r in null.iterrows()
+    )
     if null.empty:
         return head + ": no null control (`fsdp_sum`, `scaled`) was measured, so no cost is stated"
     if (job["verdict"] == "null control failed").any():
@@ -23,7 +25,10 @@ def interleaved_clause(job: pd.DataFrame) -> str:
             head + f": the null control failed ({nulls}: the same work as `local`, yet a CI that excludes 1), "
             "so this machine's noise is not under control and no mode's cost is stated; rerun on a quieter machine"
         )
-    parts = [head + f": the null control passes ({nulls}), so differences beyond ±{first['resolution'] * 100:.1f}% are resolved"]
+    parts = [
+        head
+        + f": the null control passes ({nulls}), so differences beyond ±{first['resolution'] * 100:.1f}% are resolved"
+    ]
     for _, row in job[job["role"] == "mode"].iterrows():
         mode = row["mode"]
         explains = {
@@ -32,12 +37,15 @@ def interleaved_clause(job: pd.DataFrame) -> str:
             "no: less than the floor": ", above the measured extra time's CI",
         }
         floor = (
-            f"; the floor predicts {row['predicted_extra_ms']:+.2f} ms ({row['extra_calls']})" + explains.get(row["floor_explains"], "")
-            if np.isfinite(row["predicted_extra_ms"]) else ""
+            f"; the floor predicts {row['predicted_extra_ms']:+.2f} ms ({row['extra_calls']})"
+            + explains.get(row["floor_explains"], "")
+            if np.isfinite(row["predicted_extra_ms"])
+            else ""
         )
         if row["verdict"] == "resolved":
             parts.append(
-                f"`{mode}` takes {row['extra_ms']:+.2f} ms per step ({row['ratio']:.3f}×, 95% CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}])" + floor
+                f"`{mode}` takes {row['extra_ms']:+.2f} ms per step ({row['ratio']:.3f}×, 95% CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}])"
+                + floor
             )
         elif mode in ("sum", "detached"):
             parts.append(
@@ -51,8 +59,18 @@ def cost_rows(cost: pd.DataFrame | None) -> pd.DataFrame:
     if cost is None or cost.empty:
         return pd.DataFrame()
     columns = {
-        "mode": "mode", "role": "role", "local_ms": "local ms", "ratio": "ratio", "ci_low": "CI low", "ci_high": "CI high",
-        "extra_ms": "extra ms", "extra_ci_low": "extra CI low", "extra_ci_high": "extra CI high", "verdict": "verdict",
-        "predicted_extra_ms": "floor predicts ms", "floor_explains": "floor explains", "block": "block",
+        "mode": "mode",
+        "role": "role",
+        "local_ms": "local ms",
+        "ratio": "ratio",
+        "ci_low": "CI low",
+        "ci_high": "CI high",
+        "extra_ms": "extra ms",
+        "extra_ci_low": "extra CI low",
+        "extra_ci_high": "extra CI high",
+        "verdict": "verdict",
+        "predicted_extra_ms": "floor predicts ms",
+        "floor_explains": "floor explains",
+        "block": "block",
     }
     return cost[list(columns)].rename(columns=columns)

@@ -51,8 +51,14 @@ class SyntheticRun:
 def _config_yaml(run: SyntheticRun) -> str:
     cfg = OmegaConf.structured(RunConfig)
     values = {
-        "reduction": run.reduction, "world_size": run.world_size, "sp": run.sp, "grad_accum": run.grad_accum,
-        "seed": run.seed, "train.steps": run.steps, "wandb.mode": "disabled", **(run.overrides or {}),
+        "reduction": run.reduction,
+        "world_size": run.world_size,
+        "sp": run.sp,
+        "grad_accum": run.grad_accum,
+        "seed": run.seed,
+        "train.steps": run.steps,
+        "wandb.mode": "disabled",
+        **(run.overrides or {}),
     }
     for key, value in values.items():
         OmegaConf.update(cfg, key, value, merge=False)
@@ -109,14 +115,27 @@ def _records(run: SyntheticRun) -> list[dict]:
         all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
         records.append(
             {
-                "step": step, "dp": run.world_size // run.sp, "sp": run.sp, "tokens": 1000 * step, "valid_tokens": 1000,
-                "micro_batch_tokens_min": 250 if packed else 200, "micro_batch_tokens_max": 250 if packed else 300,
-                "loss": float(loss[i]) if finite else None, "reported_loss": float(loss[i]) if finite else None,
+                "step": step,
+                "dp": run.world_size // run.sp,
+                "sp": run.sp,
+                "tokens": 1000 * step,
+                "valid_tokens": 1000,
+                "micro_batch_tokens_min": 250 if packed else 200,
+                "micro_batch_tokens_max": 250 if packed else 300,
+                "loss": float(loss[i]) if finite else None,
+                "reported_loss": float(loss[i]) if finite else None,
                 "grad_norm": float(grad_norm[i]) if finite else None,
-                "clip_coef": min(1.0, 1.0 / (float(grad_norm[i]) + 1e-6)), "lr": 3e-3,
-                "step_time_s": step_time, "peer_skew_s": 1e-4, "tokens_per_s": 1000 / step_time,
-                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce} if counted else None,
-                "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls} if counted else None,
+                "clip_coef": min(1.0, 1.0 / (float(grad_norm[i]) + 1e-6)),
+                "lr": 3e-3,
+                "step_time_s": step_time,
+                "peer_skew_s": 1e-4,
+                "tokens_per_s": 1000 / step_time,
+                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce}
+                if counted
+                else None,
+                "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls}
+                if counted
+                else None,
                 "grad_sketch": sketch[i].tolist() if finite else [float("nan")] * SKETCH_DIM,
             }
         )
@@ -149,8 +168,15 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
 
 
 def write_cost_job(
-    job: Path, ratios: dict[str, float], steps: int = 150, noise: float = 0.02, drift_from: int | None = None,
-    local_s: float = 0.03, seed: int = 0, world_size: int = 2, grad_accum: int = 2,
+    job: Path,
+    ratios: dict[str, float],
+    steps: int = 150,
+    noise: float = 0.02,
+    drift_from: int | None = None,
+    local_s: float = 0.03,
+    seed: int = 0,
+    world_size: int = 2,
+    grad_accum: int = 2,
 ) -> Path:
     """An interleaved cost job (runner.measure.cost's files) whose arms take `ratios[mode]` x local's time.
 
@@ -160,8 +186,13 @@ def write_cost_job(
     job.mkdir(parents=True)
     modes = ["local", *ratios]
     cfg = OmegaConf.structured(RunConfig)
-    for key, value in {"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "cost.modes": modes,
-                       "wandb.mode": "disabled"}.items():
+    for key, value in {
+        "world_size": world_size,
+        "grad_accum": grad_accum,
+        "train.steps": steps,
+        "cost.modes": modes,
+        "wandb.mode": "disabled",
+    }.items():
         OmegaConf.update(cfg, key, value, merge=False)
     (job / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     write_config_copy(job / "config.yaml")
@@ -171,9 +202,17 @@ def write_cost_job(
     with (job / "metrics.jsonl").open("w") as out:
         for step in range(1, steps + 1):
             load = 3.0 if drift_from is not None and step >= drift_from else 1.0
-            times = {m: local_s * load * {"local": 1.0, **ratios}[m] * (1 + noise * rng.standard_normal()) for m in modes}
-            record = {"step": step, "loss": 3.0, "grad_norm": 1.0, "cost_s": times, "cost_order": modes,
-                      "loss_collectives": collectives if step == 1 else None}
+            times = {
+                m: local_s * load * {"local": 1.0, **ratios}[m] * (1 + noise * rng.standard_normal()) for m in modes
+            }
+            record = {
+                "step": step,
+                "loss": 3.0,
+                "grad_norm": 1.0,
+                "cost_s": times,
+                "cost_order": modes,
+                "loss_collectives": collectives if step == 1 else None,
+            }
             out.write(json.dumps(record) + "\n")
     floor = {kind: {"median_s": 2e-4, "p90_s": 3e-4, "calls": 1000} for kind in ("plain", "functional")}
     floor["differentiable"] = {"median_s": 1e-3, "p90_s": 1.5e-3, "calls": 1000}

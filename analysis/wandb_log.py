@@ -26,7 +26,13 @@ def resolve_mode(requested: str, runs: pd.DataFrame) -> str:
 
 
 def log_analysis(
-    out: Path, group: str, runs: pd.DataFrame, tables: dict[str, pd.DataFrame], plots: list[Path], report: Path, mode: str
+    out: Path,
+    group: str,
+    runs: pd.DataFrame,
+    tables: dict[str, pd.DataFrame],
+    plots: list[Path],
+    report: Path,
+    mode: str,
 ) -> Path | None:
     """Logs tables, plots and the report text; returns the offline run directory (None when disabled)."""
     if mode == "disabled":
@@ -63,4 +69,3 @@ def _loggable(table: pd.DataFrame) -> pd.DataFrame:
         elif not pd.api.types.is_numeric_dtype(out[column]):
             out[column] = out[column].astype(str)
     return out
-

@@ -22,14 +22,25 @@ from pathlib import Path
 
 from bench import report
 
-BENCHES = {"b1": "harness", "b2": "fixed_cost", "b3": "overhead", "b4": "analysis_scale", "b5": "make_run", "b6": "memory", "b7": "clean_ends", "b8": "launcher"}
+BENCHES = {
+    "b1": "harness",
+    "b2": "fixed_cost",
+    "b3": "overhead",
+    "b4": "analysis_scale",
+    "b5": "make_run",
+    "b6": "memory",
+    "b7": "clean_ends",
+    "b8": "launcher",
+}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("benches", nargs="*", choices=[*BENCHES, []], help="which (default: all)")
     parser.add_argument("--quick", action="store_true", help="small sizes, a smoke test")
-    parser.add_argument("--out", type=Path, help="results file (default: bench/RESULTS.md; with --quick a temporary file)")
+    parser.add_argument(
+        "--out", type=Path, help="results file (default: bench/RESULTS.md; with --quick a temporary file)"
+    )
     args = parser.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp()) / "RESULTS.md" if args.quick else report.RESULTS)
     for key in args.benches or list(BENCHES):

@@ -35,10 +35,22 @@ GOAL_S = 5.0
 def family(seed: int, steps: int) -> list[SyntheticRun]:
     """10 runs: the world_size=1 ground truth, six modes at W=2, three at W=4."""
     runs = [SyntheticRun("sum", world_size=1, seed=seed, steps=steps)]
-    for world, modes in ((2, ["sum", "fsdp_sum", "scaled", "local", "detached", "mean_of_means"]), (4, ["sum", "local", "mean_of_means"])):
+    for world, modes in (
+        (2, ["sum", "fsdp_sum", "scaled", "local", "detached", "mean_of_means"]),
+        (4, ["sum", "local", "mean_of_means"]),
+    ):
         for mode in modes:
             factor = 1 / world if mode in ("local", "detached") else 1.0
-            runs.append(SyntheticRun(mode, world_size=world, seed=seed, steps=steps, factor=factor, turn=0.1 if mode == "mean_of_means" else 0.0))
+            runs.append(
+                SyntheticRun(
+                    mode,
+                    world_size=world,
+                    seed=seed,
+                    steps=steps,
+                    factor=factor,
+                    turn=0.1 if mode == "mean_of_means" else 0.0,
+                )
+            )
     return runs
 
 
@@ -53,7 +65,10 @@ def timed(folder: Path, runs: int, steps: int) -> tuple[list[dict], dict]:
     for repeat in range(REPEATS):
         child = subprocess.run(
             [sys.executable, "-m", "bench.analysis_scale", str(sweep), str(folder / f"analysis{runs}_{repeat}")],
-            capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
         )
         results.append(json.loads(child.stdout.splitlines()[-1]))
     return results, sorted(results, key=lambda r: r["total_s"])[len(results) // 2]
@@ -64,7 +79,11 @@ def main(sweep: str, out: str) -> None:
     result = analyze([Path(sweep)], Path(out), wandb_mode="disabled")
     total = time.perf_counter() - started
     verdicts_ok = bool(result.verdicts["as_expected"].all())
-    print(json.dumps({"total_s": total, "timings": result.timings, "as_expected": verdicts_ok, "imports_s": IMPORTED - STARTED}))
+    print(
+        json.dumps(
+            {"total_s": total, "timings": result.timings, "as_expected": verdicts_ok, "imports_s": IMPORTED - STARTED}
+        )
+    )
 
 
 def run(quick: bool) -> tuple[str, str, str]:
@@ -74,7 +93,10 @@ def run(quick: bool) -> tuple[str, str, str]:
     small, large = sizes
     median = {runs: results[runs][1] for runs in sizes}
     phases = list(median[large]["timings"])
-    rows = "\n".join(f"| {phase} | {median[small]['timings'][phase]:.2f} | {median[large]['timings'][phase]:.2f} |" for phase in phases)
+    rows = "\n".join(
+        f"| {phase} | {median[small]['timings'][phase]:.2f} | {median[large]['timings'][phase]:.2f} |"
+        for phase in phases
+    )
     total_small, total_large = median[small]["total_s"], median[large]["total_s"]
     every = {runs: ", ".join(f"{r['total_s']:.2f}" for r in results[runs][0]) for runs in sizes}
     as_expected = all(r["as_expected"] for runs in sizes for r in results[runs][0])
@@ -88,9 +110,9 @@ Synthetic sweeps of {small} and {large} runs x {steps} steps, plots included, W&
 | **total** | **{total_small:.2f}** | **{total_large:.2f}** |
 
 The {REPEATS} analyses: {small} runs {every[small]} s; {large} runs {every[large]} s. Not in the totals: the fresh
-process' imports (pandas, pyarrow, matplotlib), {median[large]['imports_s']:.2f} s.
+process' imports (pandas, pyarrow, matplotlib), {median[large]["imports_s"]:.2f} s.
 
-{large} runs: **{total_large:.2f} s**, the median of {REPEATS} (goal: under {GOAL_S:.0f} s: {'met' if total_large < GOAL_S else 'NOT met'}).
+{large} runs: **{total_large:.2f} s**, the median of {REPEATS} (goal: under {GOAL_S:.0f} s: {"met" if total_large < GOAL_S else "NOT met"}).
 {large // small}x the runs took {total_large / total_small:.1f}x the time (linear growth would be {large // small}x; the fixed part,
 plots of at most 16 groups among it, keeps it below). Every verdict as expected: {as_expected}.
 """

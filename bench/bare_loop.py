@@ -17,17 +17,22 @@ from omegaconf import DictConfig
 
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
 from runner.model.decoder import build_model
-from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.model.parallel import Meshes, parallelize
+from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.train.reduction import token_loss_sum
 
 
 class BareLoop:
     def __init__(self, cfg: DictConfig, meshes: Meshes, device: torch.device):
         self.cfg, self.device, self.group = cfg, device, meshes.world_group
-        self.share = dict(dp=meshes.world["dp"].size(), dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=cfg.grad_accum)
+        self.share = dict(
+            dp=meshes.world["dp"].size(), dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=cfg.grad_accum
+        )
         self.batches = GlobalBatches(
-            load_documents(cfg.data), seq_len=cfg.train.seq_len, global_batch=cfg.train.global_batch, seed=cfg.seed,
+            load_documents(cfg.data),
+            seq_len=cfg.train.seq_len,
+            global_batch=cfg.train.global_batch,
+            seed=cfg.seed,
             packing=cfg.data.packing,
         )
         self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction, cfg.mp)

@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 
 JOBS = 30
-TEARDOWN_FAULTS = re.compile(r"terminate called|Aborted|core dumped|Connection (closed|reset)|destroy_process_group|ProcessGroup.*(leak|not destroyed)", re.I)
+TEARDOWN_FAULTS = re.compile(
+    r"terminate called|Aborted|core dumped|Connection (closed|reset)|destroy_process_group|ProcessGroup.*(leak|not destroyed)",
+    re.I,
+)
 
 
 def run(quick: bool) -> tuple[str, str, str, str]:
@@ -26,9 +29,21 @@ def run(quick: bool) -> tuple[str, str, str, str]:
         sweep = Path(folder) / "sweep"
         started = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "runner", "-m", "reduction=sum", f"seed=range(0,{jobs})", "world_size=2", "train.steps=3",
-             "wandb.mode=disabled", "metrics.sketch_dim=0", f"hydra.sweep.dir={sweep}"],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "runner",
+                "-m",
+                "reduction=sum",
+                f"seed=range(0,{jobs})",
+                "world_size=2",
+                "train.steps=3",
+                "wandb.mode=disabled",
+                "metrics.sketch_dim=0",
+                f"hydra.sweep.dir={sweep}",
+            ],
+            capture_output=True,
+            text=True,
         )
         wall = time.perf_counter() - started
         summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
@@ -50,4 +65,9 @@ def run(quick: bool) -> tuple[str, str, str, str]:
 
 Teardown faults found: {listing}
 """
-    return "B7", f"{jobs} consecutive two-rank jobs end cleanly", "python -m bench b7" + (" --quick" if quick else ""), body
+    return (
+        "B7",
+        f"{jobs} consecutive two-rank jobs end cleanly",
+        "python -m bench b7" + (" --quick" if quick else ""),
+        body,
+    )

@@ -71,6 +71,11 @@ The runner's fixed cost, split (median s; imports, process group and W&B are ran
 {split_rows}
 
 **Fixed cost: {ratio:.2f}x the trivial job (paired per round; range {ratios.min():.2f} to {ratios.max():.2f}); goal <= {GOAL}:
-{'met' if ratio <= GOAL else 'NOT met'}.**
+{"met" if ratio <= GOAL else "NOT met"}.**
 """
-    return "B2", "Per-job fixed cost vs a trivial torchrun job", "python -m bench b2" + (" --quick" if quick else ""), body
+    return (
+        "B2",
+        "Per-job fixed cost vs a trivial torchrun job",
+        "python -m bench b2" + (" --quick" if quick else ""),
+        body,
+    )

@@ -44,7 +44,9 @@ def main(job_dir: Path) -> None:
     device = summary.get("device", "")
     peak = float(os.environ.get("PEAK_TFLOPS") or next((v for k, v in PEAK_TFLOPS.items() if k in device), "nan"))
     achieved = tokens_per_s * flops_per_token(cfg["model"], cfg["train"]["seq_len"]) / world / 1e12
-    print(f"device: {device} x {world}; status {summary.get('status')}, {len(records)} steps, median step {step_s * 1e3:.1f} ms")
+    print(
+        f"device: {device} x {world}; status {summary.get('status')}, {len(records)} steps, median step {step_s * 1e3:.1f} ms"
+    )
     print(f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU)")
     print(f"MFU: {achieved / peak:.1%} ({achieved:.1f} TFLOP/s per GPU of a {peak:g} TFLOP/s bf16 peak)")
 

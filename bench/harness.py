@@ -51,12 +51,12 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
     """On every rank of the world: [step][arm] world times; rank 0 returns them and the CPU seconds of
     W&B's service process and of the logger's writer thread (both run beside every arm: no arm's time holds them)."""
     from bench.bare_loop import BareLoop
-    from runner.layout import ParallelLayout
-    from runner.record.metrics import MetricLogger
-    from runner.model.parallel import build_meshes
-    from runner.train.loop import Trainer
     from runner.config import config_with
+    from runner.layout import ParallelLayout
+    from runner.model.parallel import build_meshes
+    from runner.record.metrics import MetricLogger
     from runner.record.wandb_run import start_wandb_run
+    from runner.train.loop import Trainer
 
     overrides = {"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "train.log_every": 10**6}
     cfg = config_with(overrides)
@@ -69,7 +69,12 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
     # The runner with its measurement off (no sketch, no counting, no logging): what the rest of its step costs.
     quiet = config_with({**overrides, "metrics.sketch_dim": 0, "metrics.count_comm": False})
     # In ARMS's order:
-    arms = [Trainer(cfg, meshes, device, logger), Trainer(quiet, meshes, device, None), BareLoop(cfg, meshes, device), BareLoop(cfg, meshes, device)]
+    arms = [
+        Trainer(cfg, meshes, device, logger),
+        Trainer(quiet, meshes, device, None),
+        BareLoop(cfg, meshes, device),
+        BareLoop(cfg, meshes, device),
+    ]
     times = torch.zeros(steps, len(ARMS), dtype=torch.float64)
     for step in range(1, steps + 1):
         for index in np.random.default_rng([7, step]).permutation(len(ARMS)):
@@ -110,7 +115,9 @@ def run(quick: bool) -> tuple[str, str, str]:
 
     steps, world_size, grad_accum = (20, 2, 2) if quick else (800, 2, 2)
     with tempfile.TemporaryDirectory() as folder:
-        times, service_cpu_s, writer_cpu_s = run_in_world(measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800)[0]
+        times, service_cpu_s, writer_cpu_s = run_in_world(
+            measure, world_size, steps, world_size, grad_accum, folder, timeout_s=1800
+        )[0]
     frame = pd.DataFrame(times, columns=list(ARMS), index=range(1, steps + 1))
     typical = paired_overheads(frame, warmup_steps=WARMUP_STEPS, baseline="bare").set_index("mode")
     whole = whole_run_ratios(frame, warmup_steps=WARMUP_STEPS)
@@ -118,7 +125,11 @@ def run(quick: bool) -> tuple[str, str, str]:
     worst_high = max(typical.loc["runner", "ci_high"], whole.loc["runner", "ci_high"])
     worst_low = max(typical.loc["runner", "ci_low"], whole.loc["runner", "ci_low"])
     verdict = "met" if worst_high <= GOAL else ("not met" if worst_low > GOAL else "not resolved")
-    labels = {"runner": "runner", "runner_metrics_off": "runner, metrics off (no sketch, counting or logging)", "bare_again": "bare_again (null control)"}
+    labels = {
+        "runner": "runner",
+        "runner_metrics_off": "runner, metrics off (no sketch, counting or logging)",
+        "bare_again": "bare_again (null control)",
+    }
     steady = frame[frame.index > WARMUP_STEPS]
 
     def cells(table: pd.DataFrame, arm: str) -> str:
@@ -140,16 +151,16 @@ whole run = total time over total time (it holds what the runner does on some st
 
 | arm | median step ms | mean step ms | typical step | whole run |
 |---|---|---|---|---|
-| bare | {steady['bare'].median() * 1e3:.2f} | {steady['bare'].mean() * 1e3:.2f} | 1 | 1 |
+| bare | {steady["bare"].median() * 1e3:.2f} | {steady["bare"].mean() * 1e3:.2f} | 1 | 1 |
 {rows}
 
 W&B's work runs beside all four arms, so no ratio above holds it: its service process used {service_cpu_s:.2f} s of CPU
 (its start-up included) and the logger's writer thread {writer_cpu_s:.2f} s, together {outside_share * 100:.1f}% of the bare
 arm's total time. Counted in full as the runner's time (as on a machine with no idle core), the whole-run ratio
-would be {whole.loc['runner', 'ratio'] + outside_share:.3f}.
+would be {whole.loc["runner", "ratio"] + outside_share:.3f}.
 
-Null control {'passes' if nulls_ok else 'FAILS'} (both its CIs {'contain' if nulls_ok else 'do not both contain'} 1).
-**Harness overhead: typical step {cells(typical, 'runner')}, whole run {cells(whole, 'runner')}; goal <= {GOAL}
+Null control {"passes" if nulls_ok else "FAILS"} (both its CIs {"contain" if nulls_ok else "do not both contain"} 1).
+**Harness overhead: typical step {cells(typical, "runner")}, whole run {cells(whole, "runner")}; goal <= {GOAL}
 (both CIs at or below it): {verdict}.**
 """
     command = "python -m bench b1" + (" --quick" if quick else "")

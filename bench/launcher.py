@@ -202,7 +202,9 @@ def run(quick: bool) -> tuple[str, str, str, str]:
                         seconds, _ = runner_job(Path(tmp), folder.name)
                     else:
                         own_session = arm == "runner, own session"
-                        seconds, arm_marks = elastic_arm(folder, timings) if arm == "elastic" else runner_arm(folder, own_session)
+                        seconds, arm_marks = (
+                            elastic_arm(folder, timings) if arm == "elastic" else runner_arm(folder, own_session)
+                        )
                         marks[arm].append(arm_marks)
                     wall[arm].append(seconds)
     finally:
@@ -222,10 +224,13 @@ def run(quick: bool) -> tuple[str, str, str, str]:
     labels = {"runner": "runner (`run_world`)", "runner again": "runner again (null control)",
               "runner, own session": "runner, each rank in a session of its own (as elastic starts them)",
               "elastic": "elastic (`elastic_launch`)", "job": "runner job, wall minus training (fixed cost)"}  # fmt: skip
-    arm_rows = "\n".join(f"| {labels[arm]} | {np.median(s):.2f} | {np.percentile(s, 90):.2f} |" for arm, s in wall.items())
+    arm_rows = "\n".join(
+        f"| {labels[arm]} | {np.median(s):.2f} | {np.percentile(s, 90):.2f} |" for arm, s in wall.items()
+    )
     runner_phases, elastic_phases = phase_rows(marks["runner"], PHASES), phase_rows(marks["elastic"], PHASES)
     phase_table = "\n".join(
-        f"| {name} | {r:.3f} | {e:.3f} | {e - r:+.3f} |" for (name, _, _), r, e in zip(PHASES, runner_phases, elastic_phases)
+        f"| {name} | {r:.3f} | {e:.3f} | {e - r:+.3f} |"
+        for (name, _, _), r, e in zip(PHASES, runner_phases, elastic_phases)
     )
     agent_table = "\n".join(
         f"| {name} | {s:.3f} |" for (name, _, _), s in zip(ELASTIC_PHASES, phase_rows(marks["elastic"], ELASTIC_PHASES))
@@ -290,8 +295,11 @@ a sweep of n jobs {np.median(diff):.2f} + {imports.fresh_s:.2f}/n s a job ({(np.
 {np.median(session_diff):+.2f} s, {verdict(session_ci, null_ci, session_fraction_ci)}. Less its ranks' imports:
 {np.median(own_diff):+.2f} s, {verdict(own_diff_ci, own_null_ci, own_fraction_ci)}. With the launching
 process's own import, a single run: {(np.median(diff) + imports.fresh_s) / np.median(fixed):.0%} of the fixed cost,
-{'ABOVE' if (np.median(diff) + imports.fresh_s) / np.median(fixed) > LIMIT else 'below'} the {LIMIT:.0%} limit.**
+{"ABOVE" if (np.median(diff) + imports.fresh_s) / np.median(fixed) > LIMIT else "below"} the {LIMIT:.0%} limit.**
 """
-    return "B8", "Elastic launcher (torchrun's engine) vs the runner's, against the fixed cost", "python -m bench b8" + (
-        " --quick" if quick else ""
-    ), body
+    return (
+        "B8",
+        "Elastic launcher (torchrun's engine) vs the runner's, against the fixed cost",
+        "python -m bench b8" + (" --quick" if quick else ""),
+        body,
+    )

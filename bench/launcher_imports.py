@@ -17,7 +17,9 @@ _TIMED = "import time{before}; t = time.perf_counter(); import torch.distributed
 
 
 def _median_seconds(code: str, reps: int) -> float:
-    runs = [subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True) for _ in range(reps)]
+    runs = [
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True) for _ in range(reps)
+    ]
     return float(np.median([float(run.stdout) for run in runs]))
 
 
@@ -29,7 +31,9 @@ class LauncherImports:
 
 
 def measure(reps: int = 5) -> LauncherImports:
-    return LauncherImports(_median_seconds(_TIMED.format(before=""), reps), _median_seconds(_TIMED.format(before=", torch"), reps), reps)
+    return LauncherImports(
+        _median_seconds(_TIMED.format(before=""), reps), _median_seconds(_TIMED.format(before=", torch"), reps), reps
+    )
 
 
 def autogroup() -> str:

@@ -23,9 +23,9 @@ def run(quick: bool) -> tuple[str, str, str]:
         raise RuntimeError(f"make run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     sweep = done.stdout.strip().splitlines()[-1]
     body = f"""
-`make run` {' '.join(args)} in the repository, setup already done: the default sweep (six modes, W=2, GA=2, 60 steps),
+`make run` {" ".join(args)} in the repository, setup already done: the default sweep (six modes, W=2, GA=2, 60 steps),
 then `experiment=cost` (150 interleaved steps of six modes) into the same sweep, then its analysis.
 
-**Wall time: {wall:.0f} s (goal <= {GOAL_S:.0f} s: {'met' if wall <= GOAL_S else 'NOT met'}).** Last line: `{sweep}`
+**Wall time: {wall:.0f} s (goal <= {GOAL_S:.0f} s: {"met" if wall <= GOAL_S else "NOT met"}).** Last line: `{sweep}`
 """
     return "B5", "make run end to end", "python -m bench b5" + (" --quick" if quick else ""), body

@@ -35,14 +35,34 @@ def run(quick: bool) -> tuple[str, str, str]:
     steps, floor_calls = (12, 50) if quick else (200, 1000)
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [
-            {"path": str(cost_job(Path(tmp), ga, steps, floor_calls)), "job": f"GA={ga}", "world_size": 2, "sp": 1, "grad_accum": ga,
-             "cost.warmup_steps": 5}
+            {
+                "path": str(cost_job(Path(tmp), ga, steps, floor_calls)),
+                "job": f"GA={ga}",
+                "world_size": 2,
+                "sp": 1,
+                "grad_accum": ga,
+                "cost.warmup_steps": 5,
+            }
             for ga in (1, 4)
         ]
         frame = pd.DataFrame(jobs)
         cost, floor = cost_table(frame), floor_table(frame)
-    columns = ["job", "mode", "role", "local_ms", "ratio", "ci_low", "ci_high", "extra_ms", "extra_ci_low", "extra_ci_high",
-               "verdict", "extra_calls", "predicted_extra_ms", "floor_explains"]
+    columns = [
+        "job",
+        "mode",
+        "role",
+        "local_ms",
+        "ratio",
+        "ci_low",
+        "ci_high",
+        "extra_ms",
+        "extra_ci_low",
+        "extra_ci_high",
+        "verdict",
+        "extra_calls",
+        "predicted_extra_ms",
+        "floor_explains",
+    ]
     body = f"""
 Tiny model, W=2 gloo ranks, `experiment=cost` with cost.modes={MODES}, {steps} steps per job (the first 5 left
 out), one job per grad_accum. ratio: median over steps of the mode's forward+backward time over `local`'s on the
@@ -55,4 +75,9 @@ Floor (scalar all-reduce after a barrier, slowest rank, {floor_calls} calls per 
 
 {floor.to_markdown(index=False, floatfmt=".3f")}
 """
-    return "B3", "Overhead of sum vs local (interleaved), against the floor", "python -m bench b3" + (" --quick" if quick else ""), body
+    return (
+        "B3",
+        "Overhead of sum vs local (interleaved), against the floor",
+        "python -m bench b3" + (" --quick" if quick else ""),
+        body,
+    )

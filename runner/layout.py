@@ -27,7 +27,7 @@ class ParallelLayout:
     grad_accum: int
 
     @classmethod
-    def from_config(cls, cfg) -> "ParallelLayout":
+    def from_config(cls, cfg) -> ParallelLayout:
         return cls(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum)
 
     @property
@@ -51,7 +51,10 @@ class ParallelLayout:
             return [("sp", f"sp={self.sp} does not divide world_size={self.world_size}; valid sp: {valid}")]
         if n_heads % self.sp:
             found.append(
-                ("sp", f"model.n_heads={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}")
+                (
+                    "sp",
+                    f"model.n_heads={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}",
+                )
             )
         if seq_len % self.sp:
             found.append(

@@ -154,8 +154,11 @@ def test_a_world_size_1_run_is_the_ground_truth_for_every_layout(tmp_path):
     assert (verdicts["baseline"] == ground_truth).all()
     assert (verdicts["baseline_kind"] == "world_size=1 sum").all()
     assert verdicts.set_index(["reduction", "world_size"])["verdict_text"].to_dict() == {
-        ("sum", 1): "reference", ("sum", 2): "equivalent", ("sum", 4): "equivalent",
-        ("local", 2): "rescaled ×1/2", ("local", 4): "rescaled ×1/4",
+        ("sum", 1): "reference",
+        ("sum", 2): "equivalent",
+        ("sum", 4): "equivalent",
+        ("local", 2): "rescaled ×1/2",
+        ("local", 4): "rescaled ×1/4",
     }
     assert result.verdicts["as_expected"].all()
 
@@ -198,7 +201,9 @@ def test_check_exits_1_and_names_the_offending_runs(mixed, capsys):
 def test_a_job_still_running_or_dead_without_summary_is_unfinished(tmp_path):
     sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum"), SyntheticRun("local", factor=0.5)])
     (next(sweep.glob("1_local*")) / "summary.json").unlink()
-    verdicts = analyze([sweep], tmp_path / "out", wandb_mode="disabled", make_plots=False).verdicts.set_index("reduction")
+    verdicts = analyze([sweep], tmp_path / "out", wandb_mode="disabled", make_plots=False).verdicts.set_index(
+        "reduction"
+    )
     assert (verdicts.loc["local", "status"], verdicts.loc["local", "verdict"]) == ("unfinished", "failed")
     assert verdicts.loc["local", "factor"] == pytest.approx(0.5)  # what it logged is still measured
 
@@ -207,7 +212,9 @@ def test_tolerances_decide_the_verdict(tmp_path):
     """A 1e-3 scale change is `rescaled` at the default tolerance and `equivalent` at a looser one."""
     sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum"), SyntheticRun("scaled", factor=1 + 1e-3)])
     strict = analyze([sweep], tmp_path / "strict", wandb_mode="disabled", make_plots=False).verdicts
-    loose = analyze([sweep], tmp_path / "loose", Tolerances(scale_rtol=1e-2), wandb_mode="disabled", make_plots=False).verdicts
+    loose = analyze(
+        [sweep], tmp_path / "loose", Tolerances(scale_rtol=1e-2), wandb_mode="disabled", make_plots=False
+    ).verdicts
     assert strict.set_index("reduction").loc["scaled", "verdict"] == "rescaled"
     assert loose.set_index("reduction").loc["scaled", "verdict"] == "equivalent"
 
@@ -233,7 +240,9 @@ def test_bad_arguments_are_named_before_anything_runs(tmp_path, capsys):
 
 def test_broken_jobs_are_reported_not_fatal(tmp_path):
     """A corrupt config.yaml, a cut-off metrics line and a sweep where nothing logged a step."""
-    sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum"), SyntheticRun("local", factor=0.5), SyntheticRun("scaled")])
+    sweep = write_sweep(
+        tmp_path / "sweep", [SyntheticRun("sum"), SyntheticRun("local", factor=0.5), SyntheticRun("scaled")]
+    )
     (next(sweep.glob("2_scaled*")) / "config.yaml").write_text("reduction: [unclosed\n")
     metrics = next(sweep.glob("1_local*")) / "metrics.jsonl"
     metrics.write_text(metrics.read_text()[:-40])  # the last record cut mid-line, as by a killed rank
@@ -250,12 +259,18 @@ def test_broken_jobs_are_reported_not_fatal(tmp_path):
 
 
 def test_group_labels_name_the_layout_and_the_other_swept_values(tmp_path):
-    runs = [SyntheticRun(mode, world_size=w, overrides={"optim.name": opt}) for mode in ("sum", "local")
-            for w in (1, 2) for opt in ("adamw", "sgd")]
+    runs = [
+        SyntheticRun(mode, world_size=w, overrides={"optim.name": opt})
+        for mode in ("sum", "local")
+        for w in (1, 2)
+        for opt in ("adamw", "sgd")
+    ]
     sweep = write_sweep(tmp_path / "sweep", runs)
     verdicts = analyze([sweep], tmp_path / "out", wandb_mode="disabled", make_plots=False).verdicts
     assert sorted(set(verdicts["group_label"])) == [
-        "DP(1)-SP(1)-GA(1) optim.name=adamw", "DP(1)-SP(1)-GA(1) optim.name=sgd",
-        "DP(2)-SP(1)-GA(1) optim.name=adamw", "DP(2)-SP(1)-GA(1) optim.name=sgd",
+        "DP(1)-SP(1)-GA(1) optim.name=adamw",
+        "DP(1)-SP(1)-GA(1) optim.name=sgd",
+        "DP(2)-SP(1)-GA(1) optim.name=adamw",
+        "DP(2)-SP(1)-GA(1) optim.name=sgd",
     ]
     assert verdicts["baseline_kind"].eq("world_size=1 sum").all()

@@ -15,7 +15,10 @@ def test_quick_bench_writes_every_section_but_b5(tmp_path):
     # B5 runs `make run` in the repository itself; the other seven are self-contained.
     done = subprocess.run(
         [sys.executable, "-m", "bench", "b1", "b2", "b3", "b4", "b6", "b7", "b8", "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()

@@ -41,7 +41,14 @@ def error_chain(error: BaseException) -> str:
         (["optim=sgd"], {"optim.name": "sgd", "optim.clip": 0.0, "optim.momentum": 0.9}),
         (["reduction=mean_of_means", "world_size=4", "grad_accum=4"], {"reduction": "mean_of_means", "world_size": 4}),
         (
-            ["train.steps=5", "train.seq_len=64", "optim.lr=1e-3", "optim.clip=0.5", "wandb.mode=disabled", "wandb.project=p"],
+            [
+                "train.steps=5",
+                "train.seq_len=64",
+                "optim.lr=1e-3",
+                "optim.clip=0.5",
+                "wandb.mode=disabled",
+                "wandb.project=p",
+            ],
             {"train.steps": 5, "train.seq_len": 64, "optim.lr": 1e-3, "optim.clip": 0.5, "wandb.mode": "disabled"},
         ),
         (["experiment=sgd"], {"optim.name": "sgd", "grad_accum": 2}),
@@ -123,4 +130,3 @@ def test_online_wandb_needs_a_key(tmp_path, monkeypatch):
         validate(run_config_from(composed(["wandb.mode=online"])))
     monkeypatch.setenv("WANDB_API_KEY", "local-0123456789abcdef")
     validate(run_config_from(composed(["wandb.mode=online"])))
-

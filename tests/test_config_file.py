@@ -15,12 +15,21 @@ from runner.record.config_file import COPY_NAME, read_config, write_config_copy
 
 def test_the_runner_writes_a_copy_that_reads_back_as_its_yaml(tmp_path):
     path = tmp_path / "config.yaml"
-    save_run_config(config_with({"reduction": "local", "world_size": 4, "optim.lr": 1e-5, "cost.modes": ["sum", "local"]}), path)
+    save_run_config(
+        config_with({"reduction": "local", "world_size": 4, "optim.lr": 1e-5, "cost.modes": ["sum", "local"]}), path
+    )
     copied = read_config(path)
     assert (tmp_path / COPY_NAME).exists()
     assert copied == yaml.safe_load(path.read_text())
-    assert (copied["reduction"], copied["world_size"], copied["optim"]["lr"], copied["cost"]["modes"]) == ("local", 4, 1e-5, ["sum", "local"])
-    assert list(copied) == list(yaml.safe_load(path.read_text()))  # the key order too: it orders the runs table's columns
+    assert (copied["reduction"], copied["world_size"], copied["optim"]["lr"], copied["cost"]["modes"]) == (
+        "local",
+        4,
+        1e-5,
+        ["sum", "local"],
+    )
+    assert list(copied) == list(
+        yaml.safe_load(path.read_text())
+    )  # the key order too: it orders the runs table's columns
 
 
 def test_the_copy_is_what_is_read_while_it_matches(tmp_path):
@@ -53,7 +62,11 @@ def test_configs_json_would_change_get_no_copy(tmp_path):
 
 
 def test_a_sweep_loads_the_same_runs_with_or_without_copies(tmp_path):
-    runs = [SyntheticRun("sum"), SyntheticRun("local", factor=0.5, overrides={"optim.name": "sgd"}), SyntheticRun("scaled", sp=3, status="invalid")]
+    runs = [
+        SyntheticRun("sum"),
+        SyntheticRun("local", factor=0.5, overrides={"optim.name": "sgd"}),
+        SyntheticRun("scaled", sp=3, status="invalid"),
+    ]
     sweep = write_sweep(tmp_path / "sweep", runs)
     assert len(list(sweep.glob(f"*/{COPY_NAME}"))) == 3
     with_copies = load_sweeps([sweep]).runs

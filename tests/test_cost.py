@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import torch
 from gloo_world import run_in_world
 from helpers import run_config
@@ -28,9 +27,9 @@ from analysis.comm import comm_table
 from analysis.cost import cost_table
 from analysis.groups import assign_groups
 from analysis.load import load_sweeps
+from runner.config import counted_step
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
-from runner.config import counted_step
 from runner.train.loop import Trainer
 
 RUNNER = [sys.executable, "-m", "runner"]
@@ -65,14 +64,27 @@ def start_load_when(condition, job: subprocess.Popen, timeout_s: float = 300):
 def test_load_mid_way_leaves_the_interleaved_null_control_at_one_and_fools_sequential_jobs(tmp_path):
     steps = 80
     cost_args = [
-        "experiment=cost", f"train.steps={steps}", "cost.modes=[sum,local,fsdp_sum,scaled]", "cost.floor_calls=50",
-        "wandb.mode=disabled", "hydra.run.dir=cost",
+        "experiment=cost",
+        f"train.steps={steps}",
+        "cost.modes=[sum,local,fsdp_sum,scaled]",
+        "cost.floor_calls=50",
+        "wandb.mode=disabled",
+        "hydra.run.dir=cost",
     ]
-    job = subprocess.Popen([*RUNNER, *cost_args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job = subprocess.Popen(
+        [*RUNNER, *cost_args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     with start_load_when(lambda: lines(tmp_path / "cost" / "metrics.jsonl") >= steps // 2, job):
         output, _ = job.communicate(timeout=600)
     assert job.returncode == 0, output
-    config = {"path": str(tmp_path / "cost"), "job": "cost", "world_size": 2, "sp": 1, "grad_accum": 2, "cost.warmup_steps": 5}
+    config = {
+        "path": str(tmp_path / "cost"),
+        "job": "cost",
+        "world_size": 2,
+        "sp": 1,
+        "grad_accum": 2,
+        "cost.warmup_steps": 5,
+    }
     # A stricter level than the report's 95%, so that the test fails by chance once in a thousand runs, not in ten.
     interleaved = cost_table(pd.DataFrame([config]), confidence=0.999).set_index("mode")
     for null in ("fsdp_sum", "scaled"):
@@ -118,14 +130,27 @@ def test_sampled_counting_gives_the_counts_of_counting_every_step():
 
 
 def test_check_expects_mean_of_means_equivalent_on_packed_data(tmp_path):
-    args = ["-m", "reduction=sum,mean_of_means", "data.packing=true", "train.steps=3", "wandb.mode=disabled", "hydra.sweep.dir=s"]
+    args = [
+        "-m",
+        "reduction=sum,mean_of_means",
+        "data.packing=true",
+        "train.steps=3",
+        "wandb.mode=disabled",
+        "hydra.sweep.dir=s",
+    ]
     done = subprocess.run([*RUNNER, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    records = [json.loads(line) for line in next((tmp_path / "s").glob("*mean_of_means*/metrics.jsonl")).read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for line in next((tmp_path / "s").glob("*mean_of_means*/metrics.jsonl")).read_text().splitlines()
+    ]
     assert all(r["micro_batch_tokens_min"] == r["micro_batch_tokens_max"] for r in records)  # full windows
     check = subprocess.run(
         [sys.executable, "-m", "analysis", str(tmp_path / "s"), "--check", "--no-plots", "--wandb", "disabled"],
-        capture_output=True, text=True, timeout=300, env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
     )
     assert check.returncode == 0, check.stdout + check.stderr
     verdicts = {row["reduction"]: row for row in csv.DictReader((tmp_path / "s" / "analysis" / "verdicts.csv").open())}

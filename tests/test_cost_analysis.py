@@ -40,7 +40,9 @@ def test_moving_blocks_are_runs_of_consecutive_steps():
 
 
 def test_paired_measurement_recovers_overheads_through_a_load_change(tmp_path):
-    job = write_cost_job(tmp_path / "cost", {"sum": 1.08, "detached": 1.0, "fsdp_sum": 1.0, "scaled": 1.0}, drift_from=70)
+    job = write_cost_job(
+        tmp_path / "cost", {"sum": 1.08, "detached": 1.0, "fsdp_sum": 1.0, "scaled": 1.0}, drift_from=70
+    )
     table = cost_table(pd.DataFrame([{"path": str(job), "job": "cost", "world_size": 2, "sp": 1, "grad_accum": 2}]))
     rows = table.set_index("mode")
     for null in ("fsdp_sum", "scaled"):
@@ -78,10 +80,15 @@ def test_block_bootstrap_is_wider_than_iid_on_correlated_steps():
 
 def test_report_states_the_interleaved_cost_with_its_null_control(tmp_path):
     layout = dict(world_size=2, grad_accum=2)
-    sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum", **layout), SyntheticRun("local", factor=0.5, **layout)])
+    sweep = write_sweep(
+        tmp_path / "sweep", [SyntheticRun("sum", **layout), SyntheticRun("local", factor=0.5, **layout)]
+    )
     write_cost_job(sweep / "cost", {"sum": 1.08, "detached": 1.0, "fsdp_sum": 1.0, "scaled": 1.0})
     result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=True)
     assert len(result.runs) == 2  # the cost job is not a run to compare
     assert (sweep / "analysis" / "cost.csv").exists() and (sweep / "analysis" / "interleaved_cost.png").exists()
     assert "the null control passes (`fsdp_sum` " in result.answer
-    assert "`sum` takes +2." in result.answer and "`detached`'s overhead is not resolvable on this machine" in result.answer
+    assert (
+        "`sum` takes +2." in result.answer
+        and "`detached`'s overhead is not resolvable on this machine" in result.answer
+    )

@@ -51,7 +51,9 @@ def test_global_batch_depends_on_seed_and_step_only(batches):
 
 def test_valid_token_counts_vary_between_micro_batches(batches):
     counts = [mb.valid_tokens for mb in local_micro_batches(batches(1), dp=4, dp_rank=0, sp=1, sp_rank=0, grad_accum=4)]
-    counts += [mb.valid_tokens for mb in local_micro_batches(batches(1), dp=4, dp_rank=3, sp=1, sp_rank=0, grad_accum=4)]
+    counts += [
+        mb.valid_tokens for mb in local_micro_batches(batches(1), dp=4, dp_rank=3, sp=1, sp_rank=0, grad_accum=4)
+    ]
     assert len(set(counts)) > 1
     assert 0 < batches(1).valid_tokens < 16 * 128  # padded, not packed
 

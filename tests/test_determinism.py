@@ -16,8 +16,20 @@ def test_two_runs_of_one_config_are_bitwise_identical(tmp_path, overrides):
     runs = []
     for name in ("first", "second"):
         done = subprocess.run(
-            [sys.executable, "-m", "runner", "world_size=2", "train.steps=6", "wandb.mode=disabled", *overrides, f"hydra.run.dir={name}"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "runner",
+                "world_size=2",
+                "train.steps=6",
+                "wandb.mode=disabled",
+                *overrides,
+                f"hydra.run.dir={name}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert done.returncode == 0, done.stdout + done.stderr
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()

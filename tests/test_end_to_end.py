@@ -37,7 +37,13 @@ def summary(job: Path) -> dict:
     return json.loads((job / "summary.json").read_text())
 
 
-SWEEP_ARGS = ["-m", "reduction=sum,local,detached", "world_size=2", f"train.steps={STEPS}", f"wandb.log_every={WANDB_EVERY}"]
+SWEEP_ARGS = [
+    "-m",
+    "reduction=sum,local,detached",
+    "world_size=2",
+    f"train.steps={STEPS}",
+    f"wandb.log_every={WANDB_EVERY}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +108,9 @@ def test_offline_wandb_run_holds_the_loss_history(sweep):
     wandb = shutil.which("wandb", path=str(Path(sys.executable).parent))
     for mode, job in jobs.items():
         run_dir = next(job.glob("wandb/offline-run-*"))
-        out = subprocess.run([wandb, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [wandb, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True
+        )
         records = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
         history = [r["history"]["item"] for r in records if r["type"] == "history"]
         charted = [m for m in metrics(job) if m["step"] in (1, *range(WANDB_EVERY, STEPS + 1, WANDB_EVERY), STEPS)]
@@ -140,7 +148,10 @@ def test_api_key_never_lands_in_a_file(sweep, tmp_path):
     assert SECRET not in output
     copy = shutil.copytree(sweep_dir, tmp_path / "sweep")  # the analysis writes into the copy
     analysis = subprocess.run(
-        [sys.executable, "-m", "analysis", str(copy)], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "analysis", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "WANDB_API_KEY": SECRET},
     )
     assert analysis.returncode == 0, analysis.stdout + analysis.stderr
@@ -166,8 +177,16 @@ def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
     good = tmp_path / "good.txt"
     good.write_text("\n\n".join(f"Paragraph number {i} of a small corpus." for i in range(50)))
     done = run_runner(
-        ["-m", "reduction=sum", f"data.path={good}", "fault.kind=none,raise", "grad_accum=1,3", "train.steps=2",
-         "wandb.mode=disabled", "hydra.sweep.dir=s"],
+        [
+            "-m",
+            "reduction=sum",
+            f"data.path={good}",
+            "fault.kind=none,raise",
+            "grad_accum=1,3",
+            "train.steps=2",
+            "wandb.mode=disabled",
+            "hydra.sweep.dir=s",
+        ],
         cwd=tmp_path,
     )
     assert done.returncode == 1, done.stdout + done.stderr  # a job failed: the sweep says so
@@ -224,7 +243,16 @@ def test_divergence_is_detected_and_recorded(tmp_path):
 def test_joins_a_torchrun_world_instead_of_spawning(tmp_path):
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     done = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "runner", "train.steps=3", "wandb.mode=disabled", "hydra.run.dir=run"],
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "runner",
+            "train.steps=3",
+            "wandb.mode=disabled",
+            "hydra.run.dir=run",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -16,14 +16,23 @@ from pathlib import Path
 import pytest
 
 STEPS, FAULT_STEP = 4, 3
-BASE = ["world_size=2", f"train.steps={STEPS}", "wandb.mode=disabled", "metrics.sketch_dim=0", f"fault.step={FAULT_STEP}"]
+BASE = [
+    "world_size=2",
+    f"train.steps={STEPS}",
+    "wandb.mode=disabled",
+    "metrics.sketch_dim=0",
+    f"fault.step={FAULT_STEP}",
+]
 
 
 def run_job(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], float]:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "runner", *BASE, *overrides, "hydra.run.dir=run"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     wall = time.monotonic() - started
     job = tmp_path / "run"
@@ -38,7 +47,9 @@ def run_job(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], float]:
 def test_raise_fails_the_job_with_that_ranks_traceback(tmp_path, rank):
     info, records, wall = run_job(tmp_path, "fault.kind=raise", f"fault.rank={rank}")
     assert info["status"] == "failed" and info["failed_rank"] == rank, info
-    assert info["error"].startswith(f"rank {rank}: InjectedFault: fault.kind=raise injected on rank {rank} at step {FAULT_STEP}")
+    assert info["error"].startswith(
+        f"rank {rank}: InjectedFault: fault.kind=raise injected on rank {rank} at step {FAULT_STEP}"
+    )
     assert "Traceback" in info["error"] and "runner/train/fault.py" in info["error"]
     assert [r["step"] for r in records] == list(range(1, FAULT_STEP))
     assert wall < 60

@@ -17,7 +17,11 @@ QUICK = ["train.steps=3", "wandb.mode=disabled", "grad_accum=2"]
 def run(tmp_path: Path, name: str, *overrides: str) -> tuple[dict, list[dict]]:
     done = subprocess.run(
         [sys.executable, "-m", "runner", *QUICK, *overrides, f"hydra.run.dir={name}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=os.environ,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     job = tmp_path / name
@@ -26,7 +30,9 @@ def run(tmp_path: Path, name: str, *overrides: str) -> tuple[dict, list[dict]]:
 
 
 def test_cuda_bf16_run_matches_the_cpu_fp32_run_at_step_one(tmp_path):
-    gpu, gpu_records = run(tmp_path, "gpu", "device=cuda", "world_size=1", "mp.param_dtype=bfloat16", "mp.reduce_dtype=bfloat16")
+    gpu, gpu_records = run(
+        tmp_path, "gpu", "device=cuda", "world_size=1", "mp.param_dtype=bfloat16", "mp.reduce_dtype=bfloat16"
+    )
     cpu, cpu_records = run(tmp_path, "cpu", "device=cpu", "world_size=1")
     assert gpu["status"] == "completed" and gpu["backend"] == "nccl" and cpu["backend"] == "gloo"
     # The same weights and tokens; bf16 compute moves the loss of a ~5.5-nat model by far less than 0.05.

@@ -36,7 +36,11 @@ FACTOR = {
 
 def _step_one(cfg):
     return GlobalBatches(
-        load_documents(cfg.data), seq_len=cfg.train.seq_len, global_batch=cfg.train.global_batch, seed=cfg.seed, packing=False
+        load_documents(cfg.data),
+        seq_len=cfg.train.seq_len,
+        global_batch=cfg.train.global_batch,
+        seed=cfg.seed,
+        packing=False,
     )(1)
 
 
@@ -52,7 +56,9 @@ def world_gradients(world_size: int) -> dict:
         )
         for mode in Reduction:
             model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
-            step = forward_backward(model, micro_batches, LossReducer(mode, meshes.world_group, grad_accum), torch.device("cpu"))
+            step = forward_backward(
+                model, micro_batches, LossReducer(mode, meshes.world_group, grad_accum), torch.device("cpu")
+            )
             grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
             results[grad_accum, mode] = (step.loss, step.reported, grads)
     return results
@@ -129,7 +135,11 @@ def world_sp_gradients(world_size: int) -> dict:
             model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
             reducer = LossReducer(mode, meshes.world_group, 1, sp=sp)
             step = forward_backward(model, micro_batches, reducer, torch.device("cpu"))
-            results[sp, mode] = (step.loss, step.reported, {name: p.grad.full_tensor() for name, p in model.named_parameters()})
+            results[sp, mode] = (
+                step.loss,
+                step.reported,
+                {name: p.grad.full_tensor() for name, p in model.named_parameters()},
+            )
     return results
 
 

@@ -27,8 +27,18 @@ def job_dirs(sweep: Path) -> dict[int, Path]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_stops_every_rank_and_a_rerun_finishes_the_rest(tmp_path, sig):
     sweep = tmp_path / "sweep"
-    command = [sys.executable, "-m", "runner", "-m", "reduction=sum", f"train.steps=3,{LONG_STEPS}", "world_size=2",
-               "wandb.mode=disabled", "metrics.sketch_dim=0", f"hydra.sweep.dir={sweep}"]
+    command = [
+        sys.executable,
+        "-m",
+        "runner",
+        "-m",
+        "reduction=sum",
+        f"train.steps=3,{LONG_STEPS}",
+        "world_size=2",
+        "wandb.mode=disabled",
+        "metrics.sketch_dim=0",
+        f"hydra.sweep.dir={sweep}",
+    ]
     runner = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:  # until the long job (#1) has logged a few steps

@@ -18,8 +18,11 @@ def test_summary_names_the_axes_a_mode_changes_with():
     ]
     summary = invariance_summary(pd.DataFrame(rows, columns=COLUMNS))
     assert summary.to_dict("list") == {
-        "family": ["f1", "f1", "f2"], "reduction": ["sum", "local", "sum"], "invariant": [True, False, True],
-        "changes_with": ["", "world_size, grad_accum", ""], "max_rel_diff": [1e-7, 0.05, 2e-7],
+        "family": ["f1", "f1", "f2"],
+        "reduction": ["sum", "local", "sum"],
+        "invariant": [True, False, True],
+        "changes_with": ["", "world_size, grad_accum", ""],
+        "max_rel_diff": [1e-7, 0.05, 2e-7],
     }
     assert summary["invariant"].dtype == bool
     assert invariance_summary(pd.DataFrame(columns=COLUMNS)).empty

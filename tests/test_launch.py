@@ -30,7 +30,7 @@ def test_each_distinct_warning_is_echoed_once(capsys):
 def test_warnings_of_a_rank_take_one_line():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warnings.warn("collective is slow", UserWarning)
+        warnings.warn("collective is slow", UserWarning, stacklevel=1)
     w = caught[0]
     line = one_line_warning(w.message, w.category, w.filename, w.lineno)
     assert line == f"[warning] UserWarning: collective is slow (test_launch.py:{w.lineno})\n"

@@ -40,8 +40,14 @@ def slurm_task_environ(rank: int, tasks: int, job_id: int) -> dict[str, str]:
 
 def test_slurm_variables_give_the_rank_and_a_tcp_rendezvous_at_the_first_node():
     env = rank_env(
-        {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_NUM_NODES": "2",
-         "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242"}
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_LOCALID": "1",
+            "SLURM_NTASKS": "8",
+            "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_JOB_NODELIST": "gpu[07-08]",
+            "SLURM_JOB_ID": "4242",
+        }
     )
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 8, 1, 4)
     assert env.init_method == "tcp://gpu07:24242" and env.launcher == "slurm"
@@ -55,8 +61,14 @@ def test_two_slurm_tasks_on_localhost_form_one_world_and_train(tmp_path):
     job_id = random.randrange(10_000, 99_999)  # the port derives from it
     command = [sys.executable, "-m", "runner", "world_size=2", *QUICK, "hydra.run.dir=run"]
     tasks = [
-        subprocess.Popen(command, cwd=tmp_path, env=slurm_task_environ(rank, 2, job_id), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=slurm_task_environ(rank, 2, job_id),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in range(2)
     ]
     outputs = [task.communicate(timeout=300)[0] for task in tasks]
@@ -72,9 +84,21 @@ def test_two_slurm_tasks_on_localhost_form_one_world_and_train(tmp_path):
 def test_a_sweep_through_another_hydra_launcher_completes(tmp_path, launcher):
     sweep = tmp_path / "sweep"
     done = subprocess.run(
-        [sys.executable, "-m", "runner", "-m", f"hydra/launcher={launcher}", "reduction=sum,local", "world_size=2",
-         *QUICK, f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "-m",
+            f"hydra/launcher={launcher}",
+            "reduction=sum,local",
+            "world_size=2",
+            *QUICK,
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").exists())
@@ -99,10 +123,25 @@ def test_slurm_preset_maps_world_size_to_nodes_and_tasks(world_size, nodes, task
 
 def test_a_slurm_sweep_of_mixed_world_sizes_is_refused_before_submission(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "runner", "-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2",
-         "world_size=2,4", *QUICK, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "-m",
+            "hydra/launcher=slurm",
+            "hydra.launcher.gpus_per_node=2",
+            "world_size=2,4",
+            *QUICK,
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "#1 world_size=4 but hydra.launcher gives each job nodes x tasks_per_node = 1 x 2 = 2 tasks" in done.stdout + done.stderr
+    assert (
+        "#1 world_size=4 but hydra.launcher gives each job nodes x tasks_per_node = 1 x 2 = 2 tasks"
+        in done.stdout + done.stderr
+    )
     assert not (tmp_path / "sweep" / ".submitit").exists()  # nothing was submitted

@@ -16,7 +16,14 @@ from runner.layout import ParallelLayout
     ],
 )
 def test_sp_suggestions_pass_every_sp_rule(world_size, sp, n_heads, seq_len, suggestion):
-    (problem,) = ParallelLayout(world_size, sp, 1).problems(global_batch=world_size * 4, seq_len=seq_len, n_heads=n_heads)
+    (problem,) = ParallelLayout(world_size, sp, 1).problems(
+        global_batch=world_size * 4, seq_len=seq_len, n_heads=n_heads
+    )
     assert problem[0] == "sp" and problem[1].endswith(suggestion)
     for value in suggestion.split(": ")[1].split(", "):
-        assert ParallelLayout(world_size, int(value), 1).problems(global_batch=world_size * 4, seq_len=seq_len, n_heads=n_heads) == []
+        assert (
+            ParallelLayout(world_size, int(value), 1).problems(
+                global_batch=world_size * 4, seq_len=seq_len, n_heads=n_heads
+            )
+            == []
+        )

@@ -17,8 +17,10 @@ from analysis.synthetic import SyntheticRun, write_sweep
 
 def _sweep(tmp_path):
     runs = [
-        SyntheticRun("sum", steps=30), SyntheticRun("local", steps=30, factor=0.5),
-        SyntheticRun("scaled", steps=30, status="diverged", diverge_at=7), SyntheticRun("fsdp_sum", steps=30, status="failed", fail_after=4),
+        SyntheticRun("sum", steps=30),
+        SyntheticRun("local", steps=30, factor=0.5),
+        SyntheticRun("scaled", steps=30, status="diverged", diverge_at=7),
+        SyntheticRun("fsdp_sum", steps=30, status="failed", fail_after=4),
     ]
     return write_sweep(tmp_path / "sweep", runs)
 
@@ -51,7 +53,13 @@ def test_runs_parquet_written_in_row_groups_holds_the_one_table_of_runs_and_step
     """The file, written a slice of steps at a time, reads back as the table built at once (every step with
     its run's columns, then the runs without steps), schema included."""
     sweep = _sweep(tmp_path)
-    write_sweep(sweep, [SyntheticRun("scaled", seed=1, steps=30, status="failed", fail_after=0), SyntheticRun("sum", status="invalid")])
+    write_sweep(
+        sweep,
+        [
+            SyntheticRun("scaled", seed=1, steps=30, status="failed", fail_after=0),
+            SyntheticRun("sum", status="invalid"),
+        ],
+    )
     sweeps = load_sweeps([sweep])
     monkeypatch.setattr(runs_parquet, "ROWS_PER_GROUP", 7)  # several row groups, cut inside runs
     runs_parquet.write_runs_parquet(sweeps, tmp_path / "runs.parquet")
@@ -59,9 +67,13 @@ def test_runs_parquet_written_in_row_groups_holds_the_one_table_of_runs_and_step
     runs = runs_parquet.run_columns(sweeps.runs)
     steps = pa.Table.from_pandas(sweeps.steps.drop(columns=["run", "sp"]), preserve_index=False)
     per_step = runs.take(pa.array(sweeps.steps["run"].cat.codes.to_numpy()))
-    joined = pa.Table.from_arrays([*per_step.columns, *steps.columns], names=[*per_step.column_names, *steps.column_names])
+    joined = pa.Table.from_arrays(
+        [*per_step.columns, *steps.columns], names=[*per_step.column_names, *steps.column_names]
+    )
     without_steps = runs.filter(pc.equal(runs.column("steps_logged"), 0))
-    pq.write_table(pa.concat_tables([joined, without_steps], promote_options="permissive"), tmp_path / "at_once.parquet")
+    pq.write_table(
+        pa.concat_tables([joined, without_steps], promote_options="permissive"), tmp_path / "at_once.parquet"
+    )
 
     written, expected = (pq.read_table(tmp_path / name) for name in ("runs.parquet", "at_once.parquet"))
     assert pq.ParquetFile(tmp_path / "runs.parquet").num_row_groups > 3 and len(without_steps) == 2

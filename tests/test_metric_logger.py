@@ -70,4 +70,8 @@ def test_held_records_are_written_at_close_as_they_are(tmp_path):
     for step in (2, 3):
         logger.hold({"step": step, "step_time_s": None})  # a failed job's last steps, world figures never gathered
     logger.close()
-    assert lines(tmp_path / "metrics.jsonl") == [{"step": 1, "step_time_s": 0.1}, {"step": 2, "step_time_s": None}, {"step": 3, "step_time_s": None}]
+    assert lines(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "step_time_s": 0.1},
+        {"step": 2, "step_time_s": None},
+        {"step": 3, "step_time_s": None},
+    ]

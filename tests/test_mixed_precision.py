@@ -13,9 +13,9 @@ import torch
 from runner.config import Reduction
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.testing.local_world import run_in_world
 from runner.model.decoder import build_model
 from runner.model.parallel import build_meshes, parallelize
+from runner.testing.local_world import run_in_world
 from runner.train.reduction import LossReducer, forward_backward
 from tests.helpers import run_config
 
@@ -34,9 +34,7 @@ def step_one_gradients() -> dict:
         cfg = run_config(**{"train.seq_len": 32, "train.global_batch": 8, "grad_accum": 2})
         cfg.mp.param_dtype, cfg.mp.reduce_dtype = param_dtype, reduce_dtype
         meshes = build_meshes(ParallelLayout(2, 1, 2), "cpu")
-        batch = GlobalBatches(
-            load_documents(cfg.data), seq_len=32, global_batch=8, seed=cfg.seed, packing=False
-        )(1)
+        batch = GlobalBatches(load_documents(cfg.data), seq_len=32, global_batch=8, seed=cfg.seed, packing=False)(1)
         micro_batches = local_micro_batches(batch, dp=2, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=2)
         for mode in MODES:
             model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode, cfg.mp)
@@ -59,7 +57,9 @@ def test_bfloat16_matches_float32(gradients, mode, precision):
     cosine = torch.nn.functional.cosine_similarity(full, low, dim=0).item()
     norm_ratio = (low.norm() / full.norm()).item()
     assert cosine >= MIN_COSINE[precision], f"{mode.value} {precision}: cosine {cosine:.6f}"
-    assert abs(norm_ratio - 1) <= MAX_NORM_RATIO_ERROR[precision], f"{mode.value} {precision}: norm ratio {norm_ratio:.5f}"
+    assert abs(norm_ratio - 1) <= MAX_NORM_RATIO_ERROR[precision], (
+        f"{mode.value} {precision}: norm ratio {norm_ratio:.5f}"
+    )
 
 
 def test_bfloat16_keeps_the_modes_factors(gradients):

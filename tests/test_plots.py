@@ -15,9 +15,14 @@ from analysis.synthetic import SyntheticRun, write_sweep
 def test_each_figure_is_pixel_identical_to_one_drawn_on_its_own_panels(tmp_path):
     runs = [SyntheticRun("sum", world_size=1, steps=30)]
     for world in (2, 4):
-        runs += [SyntheticRun("sum", world_size=world, steps=30), SyntheticRun("local", world_size=world, steps=30, factor=1 / world),
-                 SyntheticRun("mean_of_means", world_size=world, steps=20, turn=0.3, loss_shift_from=5)]
-    runs.append(SyntheticRun("sum", world_size=2, seed=1, steps=30, overrides={"optim.name": "sgd"}))  # another group, other scales
+        runs += [
+            SyntheticRun("sum", world_size=world, steps=30),
+            SyntheticRun("local", world_size=world, steps=30, factor=1 / world),
+            SyntheticRun("mean_of_means", world_size=world, steps=20, turn=0.3, loss_shift_from=5),
+        ]
+    runs.append(
+        SyntheticRun("sum", world_size=2, seed=1, steps=30, overrides={"optim.name": "sgd"})
+    )  # another group, other scales
     loaded = load_sweeps([write_sweep(tmp_path / "sweep", runs)])
     table = assign_groups(loaded.runs).reset_index(drop=True)
     _, curves = measure(table, loaded.steps, Tolerances())
@@ -25,7 +30,11 @@ def test_each_figure_is_pixel_identical_to_one_drawn_on_its_own_panels(tmp_path)
     together.mkdir(), alone.mkdir()
 
     paths = plots.curves_per_group(table, curves, together)
-    assert paths == plots.curve_figure_paths(curves, together) == [together / name for _, name, _, _ in plots.CURVE_FIGURES]
+    assert (
+        paths
+        == plots.curve_figure_paths(curves, together)
+        == [together / name for _, name, _, _ in plots.CURVE_FIGURES]
+    )
     for figure in plots.CURVE_FIGURES:
         plots.draw_curve_figures(table, curves, [figure], alone)  # a fresh grid of panels for this figure only
         drawn, reference = (np.asarray(Image.open(folder / figure[1])) for folder in (together, alone))

@@ -28,7 +28,11 @@ REFUSALS = [
     ("unknown reduction", ["reduction=summ"], ["reduction", "summ", "mean_of_means"]),
     ("world_size < 1", ["world_size=0"], ["world_size=0", ">= 1"]),
     ("sp not dividing world_size", ["sp=3"], ["sp=3 does not divide world_size=2", "valid sp: 1, 2"]),
-    ("sp not dividing model.n_heads", ["world_size=8", "sp=8", "grad_accum=1"], ["model.n_heads=4", "valid sp for this model: 1, 2, 4"]),
+    (
+        "sp not dividing model.n_heads",
+        ["world_size=8", "sp=8", "grad_accum=1"],
+        ["model.n_heads=4", "valid sp for this model: 1, 2, 4"],
+    ),
     ("sp not dividing train.seq_len", ["sp=2", "train.seq_len=127"], ["train.seq_len", "126 or 128"]),
     ("global batch not divisible by dp x grad_accum", ["grad_accum=3"], ["train.global_batch=16", "multiple of 6"]),
     ("grad_accum < 1", ["grad_accum=0"], ["grad_accum=0", ">= 1"]),
@@ -41,11 +45,22 @@ REFUSALS = [
     ("data.path that does not exist", ["data.path={data}/missing.txt"], ["data.path=", "does not exist", ".jsonl"]),
     ("data.path with another suffix", ["data.path={data}/corpus.csv"], ["suffix '.csv'", "valid: .txt, .jsonl"]),
     ("empty data", ["data.path={data}/empty.txt"], ["data.path=", "no document of at least 2 bytes"]),
-    ("JSONL without the text field", ["data.path={data}/records.jsonl"], ["line 2 has no field 'text'", "it has: body", "data.text_field"]),
+    (
+        "JSONL without the text field",
+        ["data.path={data}/records.jsonl"],
+        ["line 2 has no field 'text'", "it has: body", "data.text_field"],
+    ),
     ("JSONL line that is not JSON", ["data.path={data}/broken.jsonl"], ["line 1 is not JSON", "one record"]),
-    ("data too short for one sequence", ["data.path={data}/short.txt", "data.packing=true"], ["train.seq_len=128 (needs 130)", "train.seq_len<=10"]),
-    ("world_size beyond this machine", [f"world_size={OVERSUBSCRIBED}", f"train.global_batch={OVERSUBSCRIBED}", "grad_accum=1"],
-     [f"world_size={OVERSUBSCRIBED} would start", "dist.oversubscribe=true"]),
+    (
+        "data too short for one sequence",
+        ["data.path={data}/short.txt", "data.packing=true"],
+        ["train.seq_len=128 (needs 130)", "train.seq_len<=10"],
+    ),
+    (
+        "world_size beyond this machine",
+        [f"world_size={OVERSUBSCRIBED}", f"train.global_batch={OVERSUBSCRIBED}", "grad_accum=1"],
+        [f"world_size={OVERSUBSCRIBED} would start", "dist.oversubscribe=true"],
+    ),
     ("unknown key", ["optim.lrr=1"], ["optim.lrr"]),
     ("wrong type", ["world_size=two"], ["world_size", "two"]),
     ("unknown enum value", ["mp.reduce_dtype=float16"], ["mp.reduce_dtype", "float32", "bfloat16"]),
@@ -60,18 +75,29 @@ def data_dir(tmp_path_factory) -> Path:
     (folder / "corpus.csv").write_text("a,b\n")
     (folder / "empty.txt").write_text("\n\n")
     (folder / "short.txt").write_text("short text\n")
-    (folder / "records.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text field"}) + "\n")
+    (folder / "records.jsonl").write_text(
+        json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text field"}) + "\n"
+    )
     (folder / "broken.jsonl").write_text("{not json\n")
     return folder
 
 
 @pytest.mark.parametrize("kind, overrides, expected", REFUSALS, ids=[kind for kind, _, _ in REFUSALS])
 def test_refused_before_launch_with_exit_status_2(kind, overrides, expected, data_dir, tmp_path):
-    environ = {key: value for key, value in os.environ.items() if not key.startswith(("WANDB_", "RANK", "WORLD_SIZE", "SLURM_"))}
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("WANDB_", "RANK", "WORLD_SIZE", "SLURM_"))
+    }
     environ["HOME"] = str(tmp_path)  # no ~/.netrc holding a W&B key
     args = [arg.format(data=data_dir) for arg in overrides]
     done = subprocess.run(
-        [sys.executable, "-m", "runner", *args, "hydra.run.dir=run"], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "runner", *args, "hydra.run.dir=run"],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     output = done.stdout + done.stderr
     assert done.returncode == EXIT_INVALID, output
@@ -94,6 +120,8 @@ def test_oversubscription_depends_on_the_machine_and_can_be_forced():
     assert [field for field, _ in machine_problems(cfg, cuda_devices=0, cpu_cores=2)] == ["world_size"]
     assert machine_problems(cfg, cuda_devices=0, cpu_cores=4) == []  # 4 ranks per core
     assert machine_problems(cfg, cuda_devices=16, cpu_cores=2) == []  # GPU ranks: one per device (else skipped)
-    assert machine_problems(run_config(world_size=16, device="cuda"), cuda_devices=0, cpu_cores=2) == []  # skipped, not refused
+    assert (
+        machine_problems(run_config(world_size=16, device="cuda"), cuda_devices=0, cpu_cores=2) == []
+    )  # skipped, not refused
     forced = OmegaConf.merge(cfg, {"dist": {"oversubscribe": True}})
     assert machine_problems(forced, cuda_devices=0, cpu_cores=2) == []

@@ -13,12 +13,12 @@ from helpers import run_config
 
 from runner.config import Reduction
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
-from runner.train.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
 from runner.model.decoder import build_model
 from runner.model.parallel import build_meshes, parallelize
-from runner.train.reduction import LossReducer, forward_backward
+from runner.train.gradients import GradientSketch, clip_gradients
 from runner.train.loop import world_gather
+from runner.train.reduction import LossReducer, forward_backward
 
 WORLD_SIZE = 3
 CFG = dict(train__seq_len=32, train__global_batch=6, seed=5, metrics__sketch_dim=4)
@@ -39,7 +39,9 @@ def sharded_sketch() -> tuple[list[float], dict[str, torch.Tensor], float, float
         torch.cat([torch.tensor([0.1 * (rank + 1), 100.0 + rank], dtype=torch.float64), sketch.partial_sums()]),
         torch.cat([torch.tensor([0.1 * (WORLD_SIZE - rank), 200.0 - 2 * rank], dtype=torch.float64), 2 * sketch.partial_sums()]),
     ])  # fmt: skip
-    (step_time, skew, *world), (step_time_2, skew_2, *world_2) = world_gather(rows, meshes.world_group, torch.device("cpu")).tolist()
+    (step_time, skew, *world), (step_time_2, skew_2, *world_2) = world_gather(
+        rows, meshes.world_group, torch.device("cpu")
+    ).tolist()
     assert (step_time_2, skew_2) == (pytest.approx(step_time), pytest.approx(2 * skew))
     assert world_2 == [2 * value for value in world]
     grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
@@ -71,7 +73,10 @@ def clipped_both_ways() -> tuple[float, float, float, list[bool]]:
         forward_backward(model, micro_batches, LossReducer(Reduction.sum, meshes.world_group, 1), torch.device("cpu"))
     norm, factor = clip_gradients(models[0], 0.5)
     torch_norm = torch.nn.utils.clip_grad_norm_(models[1].parameters(), 0.5).full_tensor().item()
-    same = [torch.equal(a.grad.to_local(), b.grad.to_local()) for a, b in zip(models[0].parameters(), models[1].parameters())]
+    same = [
+        torch.equal(a.grad.to_local(), b.grad.to_local())
+        for a, b in zip(models[0].parameters(), models[1].parameters())
+    ]
     return norm, factor, torch_norm, same
 
 

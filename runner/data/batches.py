@@ -96,7 +96,12 @@ def local_micro_batches(batch: Batch, *, dp: int, dp_rank: int, sp: int, sp_rank
         columns = slice(col_start, col_start + cols)
         whole = int((batch.labels[rows] != IGNORE_INDEX).sum())
         micro_batches.append(
-            Batch(batch.inputs[rows, columns], batch.labels[rows, columns], position_offset=col_start, sequence_valid_tokens=whole)
+            Batch(
+                batch.inputs[rows, columns],
+                batch.labels[rows, columns],
+                position_offset=col_start,
+                sequence_valid_tokens=whole,
+            )
         )
     return micro_batches
 

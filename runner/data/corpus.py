@@ -40,7 +40,9 @@ def _jsonl_texts(path: Path, text_field: str) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise CorpusError(f"data.path={path} line {line_number} is not JSON ({error.msg}); each line must be one record") from None
+            raise CorpusError(
+                f"data.path={path} line {line_number} is not JSON ({error.msg}); each line must be one record"
+            ) from None
         if not isinstance(record, dict) or text_field not in record:
             keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise CorpusError(
@@ -48,7 +50,9 @@ def _jsonl_texts(path: Path, text_field: str) -> list[str]:
                 f"it has: {keys or 'nothing'}; set data.text_field to the field that holds the text"
             )
         if not isinstance(record[text_field], str):
-            raise CorpusError(f"data.path={path} line {line_number}: field {text_field!r} is a {type(record[text_field]).__name__}, not text")
+            raise CorpusError(
+                f"data.path={path} line {line_number}: field {text_field!r} is a {type(record[text_field]).__name__}, not text"
+            )
         documents.append(record[text_field])
     return documents
 
@@ -64,10 +68,16 @@ def read_texts(path: Path, text_field: str) -> list[str]:
 
 def document_bytes(path: str | None, text_field: str) -> list[bytes]:
     """Each trainable document's UTF-8 bytes (the embedded corpus when `path` is None); shorter ones are dropped."""
-    texts = [p for topic in embedded_corpus_text() for p in paragraphs(topic)] if path is None else read_texts(Path(path).expanduser(), text_field)
+    texts = (
+        [p for topic in embedded_corpus_text() for p in paragraphs(topic)]
+        if path is None
+        else read_texts(Path(path).expanduser(), text_field)
+    )
     documents = [raw for raw in (text.encode() for text in texts) if len(raw) >= MIN_DOCUMENT_BYTES]
     if not documents:
-        raise CorpusError(f"data.path={path} holds no document of at least {MIN_DOCUMENT_BYTES} bytes; give a file with text in it")
+        raise CorpusError(
+            f"data.path={path} holds no document of at least {MIN_DOCUMENT_BYTES} bytes; give a file with text in it"
+        )
     return documents
 
 

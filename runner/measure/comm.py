@@ -123,7 +123,9 @@ class CollectiveCounter(TorchDispatchMode):
             except RuntimeError:  # e.g. gloo's emulated reduce-scatter: done when the call returns
                 self._add_seconds(kind, time.perf_counter() - issued)
             else:
-                self._pending_futures.append(future.then(lambda _: self._add_seconds(kind, time.perf_counter() - issued)))
+                self._pending_futures.append(
+                    future.then(lambda _: self._add_seconds(kind, time.perf_counter() - issued))
+                )
         else:  # a functional op: completion is its wait_tensor
             tensor = _first_tensor(out)
             if tensor is not None:

@@ -37,16 +37,16 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from runner.measure.comm import CollectiveCounter
 from runner.config import Reduction
-from runner.measure.floor import collective_floor
-from runner.train.gradients import clip_gradients
 from runner.data.batches import local_micro_batches
-from runner.record.metrics import MetricLogger, on_schedule
-from runner.train.optim import lr_at, set_lr
+from runner.measure.comm import CollectiveCounter
+from runner.measure.floor import collective_floor
 from runner.model.parallel import Meshes, set_gradient_reduction
-from runner.train.reduction import LossReducer, forward_backward, loss_collectives
+from runner.record.metrics import MetricLogger, on_schedule
+from runner.train.gradients import clip_gradients
 from runner.train.loop import Trainer, TrainResult, synchronize
+from runner.train.optim import lr_at, set_lr
+from runner.train.reduction import LossReducer, forward_backward, loss_collectives
 
 
 def arm_order(modes: list[Reduction], seed: int, step: int) -> list[Reduction]:

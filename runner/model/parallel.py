@@ -11,16 +11,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-from omegaconf import DictConfig
 
 from runner.config import Reduction
 from runner.layout import ParallelLayout
 from runner.model.decoder import Decoder
-from runner.train.reduction import fsdp_sums_gradients
 from runner.model.ulysses import UlyssesAttention
+from runner.train.reduction import fsdp_sums_gradients
 
 
 @dataclass(frozen=True)

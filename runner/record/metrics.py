@@ -34,7 +34,9 @@ class MetricLogger:
         self.file = path.open("a")
         self.wandb_run = wandb_run
         self.held: list[dict[str, Any]] = []
-        self.wandb_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-log") if wandb_run is not None else None
+        self.wandb_writer = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="wandb-log") if wandb_run is not None else None
+        )
         self.wandb_calls: list[Future] = []
         self.wandb_error: BaseException | None = None  # the first failed run.log, raised by close
 
@@ -55,7 +57,10 @@ class MetricLogger:
 
     def _write(self, record: dict[str, Any]) -> None:
         # JSON has no NaN/inf: a diverged step is written as null.
-        clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value) for key, value in record.items()}
+        clean = {
+            key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+            for key, value in record.items()
+        }
         self.file.write(json.dumps(clean) + "\n")
         if self.wandb_writer is not None:
             if on_schedule(record["step"], self.wandb_every):

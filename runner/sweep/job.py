@@ -21,10 +21,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from runner.config import run_config_from, run_config_yaml, save_run_config
-from runner.world.env import RankEnv, rank_env
-from runner.sweep.spawn import failure_report, run_world
 from runner.layout import ParallelLayout
 from runner.record.summary import read_summary, update_summary
+from runner.sweep.spawn import failure_report, run_world
 from runner.sweep.tally import ends_badly
 from runner.sweep.validate import (
     EXIT_INVALID,
@@ -35,6 +34,7 @@ from runner.sweep.validate import (
     usable_cpu_cores,
     visible_cuda_devices,
 )
+from runner.world.env import RankEnv, rank_env
 from runner.world.worker import JobInfo, run_rank
 
 log = logging.getLogger("runner")
@@ -84,7 +84,9 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
         problems += machine_problems(cfg, cuda_devices=cuda_devices, cpu_cores=usable_cpu_cores())
     if problems:
         error = InvalidConfig(problems)
-        update_summary(job_dir, status="invalid", error=str(error), problems=[f for f, _ in problems], run_name=job.name)
+        update_summary(
+            job_dir, status="invalid", error=str(error), problems=[f for f, _ in problems], run_name=job.name
+        )
         log.error(f"{tag} {job.name}: {error}")
         if not sweeping:
             raise SystemExit(EXIT_INVALID)
@@ -101,9 +103,7 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
 
     _clear_earlier_attempt(job_dir)
     log.info(f"{tag} {job.name}: {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
-    outcome = run_world(
-        cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s
-    )
+    outcome = run_world(cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s)
     if not outcome.ok:
         root_cause = {}
         if outcome.interrupted:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 
 from hydra import compose
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig
 
 from runner.config import run_config_from
@@ -62,10 +62,17 @@ class SweepPreflight(Callback):
         configs = [run_config_from(compose(config.hydra.job.config_name, overrides)) for overrides in jobs]
         shape = slurm_shape_problems(config.hydra.launcher, [cfg.world_size for cfg in configs])
         if shape:
-            log.error("preflight: the SLURM launcher's shape does not fit these jobs, nothing was submitted:\n" + "\n".join(shape))
+            log.error(
+                "preflight: the SLURM launcher's shape does not fit these jobs, nothing was submitted:\n"
+                + "\n".join(shape)
+            )
             raise SystemExit(2)
         # Jobs sent to SLURM check their machine rules on their node, before their ranks start.
-        here = None if is_slurm(config.hydra.launcher) else {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
+        here = (
+            None
+            if is_slurm(config.hydra.launcher)
+            else {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
+        )
         invalid = []
         for number, (overrides, cfg) in enumerate(zip(jobs, configs)):
             problems = config_problems(cfg) + (machine_problems(cfg, **here) if here else [])

@@ -163,7 +163,10 @@ def failure_report(job_dir: Path, returncodes: Sequence[int | None]) -> tuple[in
     silent = [r for r, code in enumerate(returncodes) if code is not None and code > 0 and r not in records]
     if silent:
         rank = silent[0]
-        return rank, f"rank {rank} exited with code {returncodes[rank]} without an error record:\n{log_tail(job_dir, rank)}"
+        return (
+            rank,
+            f"rank {rank} exited with code {returncodes[rank]} without an error record:\n{log_tail(job_dir, rank)}",
+        )
     if records:
         first = min(records.values(), key=lambda record: record["time"])
         return first["rank"], f"rank {first['rank']}: {first['error']}\n{first['traceback']}"

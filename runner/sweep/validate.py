@@ -45,8 +45,13 @@ def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     problems += _fault_problems(cfg)
     problems += _positive(cfg.dist.timeout_s, "dist.timeout_s")
     if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
-        problems.append(("wandb.mode", "wandb.mode=online needs WANDB_API_KEY (or `wandb login`); "
-                         "or run wandb.mode=offline and upload later with `make sync`"))
+        problems.append(
+            (
+                "wandb.mode",
+                "wandb.mode=online needs WANDB_API_KEY (or `wandb login`); "
+                "or run wandb.mode=offline and upload later with `make sync`",
+            )
+        )
     return problems
 
 
@@ -66,13 +71,20 @@ def _model_problems(model: DictConfig) -> list[tuple[str, str]]:
     if found:
         return found
     if model.d_model % model.n_heads:
-        found.append(("model.d_model", f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}"))
+        found.append(
+            ("model.d_model", f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
+        )
     elif (model.d_model // model.n_heads) % 2:
         found.append(
-            ("model.n_heads", f"head dim model.d_model/model.n_heads={model.d_model // model.n_heads} must be even for RoPE")
+            (
+                "model.n_heads",
+                f"head dim model.d_model/model.n_heads={model.d_model // model.n_heads} must be even for RoPE",
+            )
         )
     if model.vocab_size < BYTE_VOCAB:
-        found.append(("model.vocab_size", f"model.vocab_size={model.vocab_size} must be >= {BYTE_VOCAB} (byte-level tokens)"))
+        found.append(
+            ("model.vocab_size", f"model.vocab_size={model.vocab_size} must be >= {BYTE_VOCAB} (byte-level tokens)")
+        )
     if model.ffn_hidden is not None and model.ffn_hidden < 1:
         found.append(("model.ffn_hidden", f"model.ffn_hidden={model.ffn_hidden} must be >= 1 or null"))
     return found
@@ -84,7 +96,9 @@ def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     found += _positive(cfg.wandb.log_every, "wandb.log_every")
     found += _positive(cfg.optim.lr, "optim.lr") + _positive(cfg.timeout_s, "timeout_s")
     if cfg.optim.clip < 0:
-        found.append(("optim.clip", f"optim.clip={cfg.optim.clip} must be >= 0 (the max grad norm; 0 disables clipping)"))
+        found.append(
+            ("optim.clip", f"optim.clip={cfg.optim.clip} must be >= 0 (the max grad norm; 0 disables clipping)")
+        )
     if cfg.optim.warmup_steps < 0:
         found.append(("optim.warmup_steps", f"optim.warmup_steps={cfg.optim.warmup_steps} must be >= 0"))
     if cfg.metrics.sketch_dim < 0:
@@ -106,9 +120,19 @@ def _data_problems(data: DictConfig, *, seq_len: int) -> list[tuple[str, str]]:
 def _data_path_problems(given: str) -> list[tuple[str, str]]:
     path = Path(given).expanduser()
     if not path.exists():
-        return [("data.path", f"data.path={given} does not exist; give a .txt file, a folder of .txt files or a .jsonl file")]
+        return [
+            (
+                "data.path",
+                f"data.path={given} does not exist; give a .txt file, a folder of .txt files or a .jsonl file",
+            )
+        ]
     if path.is_file() and path.suffix not in TEXT_SUFFIXES:
-        return [("data.path", f"data.path={given} has suffix {path.suffix!r}; valid: {', '.join(TEXT_SUFFIXES)} or a folder")]
+        return [
+            (
+                "data.path",
+                f"data.path={given} has suffix {path.suffix!r}; valid: {', '.join(TEXT_SUFFIXES)} or a folder",
+            )
+        ]
     if path.is_dir() and not any(path.rglob("*.txt")):
         return [("data.path", f"data.path={given} is a folder without .txt files")]
     return []
@@ -133,11 +157,13 @@ def machine_problems(cfg: DictConfig, *, cuda_devices: int, cpu_cores: int) -> l
     on_cpu = cfg.device.value == "cpu" or (cfg.device.value == "auto" and cuda_devices == 0)
     limit = CPU_RANKS_PER_CORE * cpu_cores
     if on_cpu and cfg.world_size > limit and not cfg.dist.oversubscribe:
-        return [(
-            "world_size",
-            f"world_size={cfg.world_size} would start {cfg.world_size} CPU ranks on this machine's {cpu_cores} cores; "
-            f"valid: world_size<={limit} ({CPU_RANKS_PER_CORE} ranks per core), or dist.oversubscribe=true to run it anyway",
-        )]
+        return [
+            (
+                "world_size",
+                f"world_size={cfg.world_size} would start {cfg.world_size} CPU ranks on this machine's {cpu_cores} cores; "
+                f"valid: world_size<={limit} ({CPU_RANKS_PER_CORE} ranks per core), or dist.oversubscribe=true to run it anyway",
+            )
+        ]
     return []
 
 
@@ -163,11 +189,21 @@ def cost_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     if "local" not in modes:
         found.append(("cost.modes", f"cost.modes={modes} must include local (the baseline of every overhead)"))
     if cfg.reduction.value not in modes:
-        found.append(("cost.modes", f"cost.modes={modes} must include reduction={cfg.reduction.value} (its gradients train the model)"))
+        found.append(
+            (
+                "cost.modes",
+                f"cost.modes={modes} must include reduction={cfg.reduction.value} (its gradients train the model)",
+            )
+        )
     if len(set(modes)) < len(modes):
         found.append(("cost.modes", f"cost.modes={modes} names a mode twice; list each once"))
     if cfg.cost.warmup_steps < 0 or cfg.cost.warmup_steps >= cfg.train.steps:
-        found.append(("cost.warmup_steps", f"cost.warmup_steps={cfg.cost.warmup_steps} must be >= 0 and < train.steps={cfg.train.steps}"))
+        found.append(
+            (
+                "cost.warmup_steps",
+                f"cost.warmup_steps={cfg.cost.warmup_steps} must be >= 0 and < train.steps={cfg.train.steps}",
+            )
+        )
     if cfg.cost.floor_calls < 0:
         found.append(("cost.floor_calls", f"cost.floor_calls={cfg.cost.floor_calls} must be >= 0 (0 skips the floor)"))
     return found
@@ -178,9 +214,13 @@ def _count_problems(metrics: DictConfig) -> list[tuple[str, str]]:
     if metrics.count_first < 0:
         found.append(("metrics.count_first", f"metrics.count_first={metrics.count_first} must be >= 0"))
     if metrics.count_every < 1:
-        found.append(("metrics.count_every", f"metrics.count_every={metrics.count_every} must be >= 1 (1 counts every step)"))
+        found.append(
+            ("metrics.count_every", f"metrics.count_every={metrics.count_every} must be >= 1 (1 counts every step)")
+        )
     if metrics.gather_every < 1:
-        found.append(("metrics.gather_every", f"metrics.gather_every={metrics.gather_every} must be >= 1 (1 gathers every step)"))
+        found.append(
+            ("metrics.gather_every", f"metrics.gather_every={metrics.gather_every} must be >= 1 (1 gathers every step)")
+        )
     return found
 
 
@@ -192,9 +232,24 @@ def _fault_problems(cfg: DictConfig) -> list[tuple[str, str]]:
         return []
     found = []
     if cfg.cost.modes:
-        found.append(("fault.kind", f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {[m.value for m in cfg.cost.modes]})"))
+        found.append(
+            (
+                "fault.kind",
+                f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {[m.value for m in cfg.cost.modes]})",
+            )
+        )
     if not 0 <= fault.rank < cfg.world_size:
-        found.append(("fault.rank", f"fault.rank={fault.rank} is not a rank of world_size={cfg.world_size}; valid: 0 to {cfg.world_size - 1}"))
+        found.append(
+            (
+                "fault.rank",
+                f"fault.rank={fault.rank} is not a rank of world_size={cfg.world_size}; valid: 0 to {cfg.world_size - 1}",
+            )
+        )
     if not 1 <= fault.step <= cfg.train.steps:
-        found.append(("fault.step", f"fault.step={fault.step} is not a step of train.steps={cfg.train.steps}; valid: 1 to {cfg.train.steps}"))
+        found.append(
+            (
+                "fault.step",
+                f"fault.step={fault.step} is not a step of train.steps={cfg.train.steps}; valid: 1 to {cfg.train.steps}",
+            )
+        )
     return found

@@ -13,7 +13,6 @@ from __future__ import annotations
 import zlib
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -57,7 +56,9 @@ class GradientSketch:
         device = self.params[0].device
         # [K, this rank's elements of every parameter, end to end], in float64 once rather than every step.
         self.flat = torch.empty((dim, sum(self.sizes)), dtype=torch.float64, device=device)
-        self.zeros = {size: torch.zeros(size, device=device) for size in set(self.sizes)}  # for a parameter without a gradient
+        self.zeros = {
+            size: torch.zeros(size, device=device) for size in set(self.sizes)
+        }  # for a parameter without a gradient
         start = 0
         for (name, param), size in zip(model.named_parameters(), self.sizes):
             generator = torch.Generator().manual_seed(sketch_seed * 1_000_003 + zlib.crc32(name.encode()))
@@ -78,5 +79,7 @@ class GradientSketch:
     def partial_sums(self) -> torch.Tensor:
         """This rank's sum over its shard of p_k * g, for k < K (float64): one product of the
         [K, shard] projections with the shard's gradients laid end to end."""
-        grads = [_local(p.grad).reshape(-1) if p.grad is not None else self.zeros[n] for p, n in zip(self.params, self.sizes)]
+        grads = [
+            _local(p.grad).reshape(-1) if p.grad is not None else self.zeros[n] for p, n in zip(self.params, self.sizes)
+        ]
         return self.flat @ torch.cat(grads).double()

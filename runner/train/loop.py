@@ -36,16 +36,16 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from runner.train import fault
-from runner.measure.comm import CollectiveCounter, add_counts
 from runner.config import counted_step
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches, micro_batch_token_range
-from runner.train.gradients import GradientSketch, clip_gradients
 from runner.layout import ParallelLayout
-from runner.record.metrics import MetricLogger, on_schedule, progress_line
+from runner.measure.comm import CollectiveCounter, add_counts
 from runner.model.decoder import build_model
-from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.model.parallel import Meshes, parallelize
+from runner.record.metrics import MetricLogger, on_schedule, progress_line
+from runner.train import fault
+from runner.train.gradients import GradientSketch, clip_gradients
+from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.train.reduction import LossReducer, forward_backward
 
 NO_COMM = {"calls": 0, "bytes": 0, "seconds": 0.0}
@@ -79,7 +79,8 @@ def world_gather(rows: torch.Tensor, group: dist.ProcessGroup, device: torch.dev
     table = torch.stack(gathered).cpu()  # [rank, step, field]
     arrival = table[:, :, 1]
     return torch.cat(
-        [table[:, :, :1].amax(dim=0), (arrival.amax(dim=0) - arrival.amin(dim=0))[:, None], table[:, :, 2:].sum(dim=0)], dim=1
+        [table[:, :, :1].amax(dim=0), (arrival.amax(dim=0) - arrival.amin(dim=0))[:, None], table[:, :, 2:].sum(dim=0)],
+        dim=1,
     )
 
 
@@ -112,7 +113,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.reducer = LossReducer(cfg.reduction, self.group, cfg.grad_accum, sp=self.layout.sp)
         metrics = cfg.metrics
-        self.sketch = GradientSketch(self.model, metrics.sketch_dim, metrics.sketch_seed) if metrics.sketch_dim else None
+        self.sketch = (
+            GradientSketch(self.model, metrics.sketch_dim, metrics.sketch_seed) if metrics.sketch_dim else None
+        )
         self.counter = CollectiveCounter() if metrics.count_comm else None
         self.tokens = 0
         self.pending: list[tuple[dict, torch.Tensor]] = []  # records awaiting their world figures, with this rank's row
@@ -124,7 +127,9 @@ class Trainer:
         micro_batches = local_micro_batches(batch, grad_accum=cfg.grad_accum, **self.rank_share)
         lr = lr_at(step, cfg.optim)
         set_lr(self.optimizer, lr)
-        counter = self.counter if self.counter is not None and counted_step(step, cfg.train.steps, cfg.metrics) else None
+        counter = (
+            self.counter if self.counter is not None and counted_step(step, cfg.train.steps, cfg.metrics) else None
+        )
         counting = counter if counter is not None else nullcontext()
 
         fault.before_step(cfg.fault, self.rank, step)

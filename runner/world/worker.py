@@ -55,13 +55,13 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
     """Train as rank `env.rank`; returns the process exit code. Rank 0 writes summary.json."""
     import torch
 
-    from runner.world.env import init_world, leave_world, resolve_device_type
     from runner.layout import ParallelLayout
-    from runner.record.metrics import MetricLogger
     from runner.model.parallel import build_meshes
+    from runner.record.metrics import MetricLogger
     from runner.record.summary import update_summary, versions
-    from runner.train.loop import train
     from runner.record.wandb_run import start_wandb_run
+    from runner.train.loop import train
+    from runner.world.env import init_world, leave_world, resolve_device_type
 
     layout = ParallelLayout.from_config(cfg)
     summary = {
@@ -92,11 +92,19 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
             )
             logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
         marks["init"] = time.time()
-        imports, process_group, wandb_init = (b - a for a, b in zip([process_started, *init_marks], [*init_marks, marks["init"]]))
-        summary["init_s"] = {"imports": round(imports, 3), "process_group": round(process_group, 3), "wandb": round(wandb_init, 3)}
+        imports, process_group, wandb_init = (
+            b - a for a, b in zip([process_started, *init_marks], [*init_marks, marks["init"]])
+        )
+        summary["init_s"] = {
+            "imports": round(imports, 3),
+            "process_group": round(process_group, 3),
+            "wandb": round(wandb_init, 3),
+        }
         result = train(cfg, meshes, device, logger)
         marks["train"] = time.time()
-        summary.update(status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss)
+        summary.update(
+            status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss
+        )
         summary["peak_rss_mib"] = result.peak_rss_mib
         leave_world()
         if logger is not None:
@@ -134,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
 
     env = rank_env()
     if env is None:
-        sys.exit("runner.world.worker runs as one rank of a world: RANK and WORLD_SIZE must be set (runner.sweep.spawn sets them)")
+        sys.exit(
+            "runner.world.worker runs as one rank of a world: RANK and WORLD_SIZE must be set (runner.sweep.spawn sets them)"
+        )
     cfg = load_run_config(args.job_dir / "config.yaml")
     code = run_rank(cfg, args.job_dir, env, JobInfo(args.name, args.group, args.spawned_at), PROCESS_STARTED)
     sys.stdout.flush()
