@@ -30,8 +30,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from runner.modes import modes_where
+
 BASELINE = "local"
-NULL_MODES = ("fsdp_sum", "scaled")
+NULL_MODES = tuple(modes_where(null_control=True))  # fsdp_sum, scaled: local's collectives, grad L
 RESAMPLES = 2000
 CONFIDENCE = 0.95
 

@@ -1,4 +1,4 @@
-"""What each mode's verdict should be (DESIGN.md section 3), for `--check`.
+"""What each mode's verdict should be (from its gradient in `runner.modes`), for `--check`.
 
 - sum, fsdp_sum, scaled: the gradient of the global token-mean loss, so
   identical or equivalent to the baseline (sum is the reference of its group).
@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import NOT_RUN, Tolerances, factor_label
+from runner.modes import OVER_W, REWEIGHTED, modes_where
 
 SAME = {"reference", "identical", "equivalent"}
 
@@ -47,9 +48,10 @@ def expected_verdicts(
     """`expected` (text) and `as_expected` (bool; NA for jobs that never ran) per run."""
     mode = runs["reduction"]
     varies_at_first, varies_anywhere = token_counts_vary(runs, steps)
-    rescaled_expected = mode.isin(["local", "detached"]) & (runs["world_size"] > 1)
-    different_expected = (mode == "mean_of_means") & varies_at_first
-    either_expected = (mode == "mean_of_means") & ~varies_at_first & varies_anywhere
+    reweighted = mode.isin(modes_where(gradient=REWEIGHTED))
+    rescaled_expected = mode.isin(modes_where(gradient=OVER_W)) & (runs["world_size"] > 1)
+    different_expected = reweighted & varies_at_first
+    either_expected = reweighted & ~varies_at_first & varies_anywhere
 
     verdict = verdicts["verdict"]
     factor_ok = (verdicts["factor"] * runs["world_size"] - 1).abs() <= tol.scale_rtol

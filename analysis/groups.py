@@ -5,7 +5,7 @@
   reference is its `sum` run.
 - A family: runs identical except the reduction and the parallel layout
   (`world_size`, `sp`, `grad_accum`). The global batch of every step is the
-  same for all of them (DESIGN.md section 4), so a completed `world_size=1`
+  same for all of them (it is drawn from the seed and the step alone), so a completed `world_size=1`
   `sum` run of the family (the smallest grad_accum) is the ground truth for
   every layout: where one exists it is every run's baseline, else the group's
   `sum` run is.

@@ -1,7 +1,7 @@
 """Does a mode's loss curve change with the parallel layout at a fixed global batch?
 
-Every step's global batch is the same whatever the layout (DESIGN.md section
-4), so a mode that computes the gradient of the global token-mean loss gives
+Every step's global batch is the same whatever the layout (it is drawn from
+the seed and the step alone), so a mode that computes the gradient of the global token-mean loss gives
 the same curve for every world_size, sp and grad_accum, up to float rounding.
 For each mode and axis, each run is compared with the run of the same family
 and mode that differs from it only in that axis, at the axis's smallest value

@@ -26,9 +26,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from runner.modes import COLOURS, MODES  # noqa: E402
+
 MAX_GROUPS = 16
-MODES = ["sum", "fsdp_sum", "scaled", "local", "detached", "mean_of_means"]
-COLORS = dict(zip(MODES, ["#000000", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#9467bd"]))
+COLORS = COLOURS  # one colour per mode, from the modes' facts
 
 
 def plotted_groups(runs: pd.DataFrame) -> list[str]:

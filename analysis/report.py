@@ -10,8 +10,9 @@ import pandas as pd
 from analysis.comm import WARMUP_STEPS
 from analysis.compare import NOT_RUN, Tolerances
 from analysis.expected import SAME
-from analysis.plots import MAX_GROUPS, MODES
+from analysis.plots import MAX_GROUPS
 from analysis.report_cost import cost_rows, interleaved_clause
+from runner.modes import MODES, OVER_W, modes_where, with_extra_collectives
 
 
 def _range(values: pd.Series, fmt: str) -> str:
@@ -20,6 +21,10 @@ def _range(values: pd.Series, fmt: str) -> str:
         return "n/a"
     low, high = values.min(), values.max()
     return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)} to {format(high, fmt)}"
+
+
+def _names(modes: list[str]) -> str:
+    return ", ".join(f"`{m}`" for m in modes)
 
 
 def _count(n: int, noun: str) -> str:
@@ -111,18 +116,18 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
         rows = multi[multi["reduction"].isin(modes)]
         return len(rows) > 0 and bool(test(rows).all())
 
+    over_w, correct = modes_where(gradient=OVER_W), modes_where(role="correct alternative")
     without = all_are(
-        ["local", "detached"],
-        lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3),
+        over_w, lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3)
     )
-    alternatives = all_are(["fsdp_sum", "scaled"], lambda r: r["verdict"].isin(SAME))
+    alternatives = all_are(correct, lambda r: r["verdict"].isin(SAME))
     if not without:
         return ""
     text = (
         "So the differentiable all-reduce is needed for the gradient's *scale*, not its direction: "
-        "without it (`local`, `detached`) every gradient is the true one divided by W."
+        f"without it ({_names(over_w)}) every gradient is the true one divided by W."
     )
-    for optimizer, rescaled in multi[multi["reduction"].isin(["local", "detached"])].groupby("optimizer"):
+    for optimizer, rescaled in multi[multi["reduction"].isin(over_w)].groupby("optimizer"):
         if rescaled["loss_matches"].all():
             text += f" Under {optimizer} the optimizer hides that scale: their loss curves match the reference's."
         else:
@@ -132,14 +137,14 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
                 f"curve departs from the reference's (from step {_range(departing['first_step_beyond'], '.0f')})."
             )
     if alternatives:
-        text += " `fsdp_sum` and `scaled` recover the true gradient exactly with no per-micro-batch collective."
+        text += f" {' and '.join(f'`{m}`' for m in correct)} recover the true gradient exactly with no per-micro-batch collective."
     return text
 
 
 def _calls_clause(comm: pd.DataFrame) -> str:
     """How many more loss all-reduces per step `sum` and `detached` issue than `local` (exact counts)."""
     parts = []
-    for mode in ("sum", "detached"):
+    for mode in with_extra_collectives():
         calls = comm.loc[comm["reduction"] == mode, "extra_loss_calls_vs_local"].dropna()
         if len(calls):
             parts.append(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from runner.modes import with_extra_collectives
+
 
 def interleaved_clause(job: pd.DataFrame) -> str:
     """The cost of one interleaved measurement, stated only where its null control resolves it."""
@@ -47,7 +49,7 @@ def interleaved_clause(job: pd.DataFrame) -> str:
                 f"`{mode}` takes {row['extra_ms']:+.2f} ms per step ({row['ratio']:.3f}×, 95% CI [{row['ci_low']:.3f}, {row['ci_high']:.3f}])"
                 + floor
             )
-        elif mode in ("sum", "detached"):
+        elif mode in with_extra_collectives():
             parts.append(
                 f"`{mode}`'s overhead is not resolvable on this machine ({row['ratio']:.3f}×, CI [{row['ci_low']:.3f}, "
                 f"{row['ci_high']:.3f}] within the null control's reach)" + floor

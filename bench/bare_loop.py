@@ -2,7 +2,7 @@
 
 Same model, data, optimizer and world as the runner's `sum` job, and nothing
 else: no collective counter, gradient sketch, world timing, metrics file or
-W&B. The loss math is the runner's (DESIGN.md section 3), written out:
+W&B. The loss math is the runner's `sum` (`runner.train.reduction`), written out:
 
     N = all_reduce(valid targets of this rank's micro-batches)
     per micro-batch: backward(all_reduce_autograd(S_rm / N))   # FSDP2 averages over W: grad L
@@ -16,8 +16,9 @@ import torch.distributed._functional_collectives as funcol
 from omegaconf import DictConfig
 
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
-from runner.model.decoder import build_model
 from runner.model.parallel import Meshes, parallelize
+from runner.model.registry import build_model
+from runner.modes import facts
 from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.train.reduction import token_loss_sum
 
@@ -35,7 +36,9 @@ class BareLoop:
             seed=cfg.seed,
             packing=cfg.data.packing,
         )
-        self.model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, cfg.reduction, cfg.mp)
+        self.model = parallelize(
+            build_model(cfg.model, cfg.seed).to(device), meshes, facts(cfg.reduction).fsdp_reduction, cfg.mp
+        )
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
 
     def step(self, step: int) -> None:

@@ -51,15 +51,16 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
     """On every rank of the world: [step][arm] world times; rank 0 returns them and the CPU seconds of
     W&B's service process and of the logger's writer thread (both run beside every arm: no arm's time holds them)."""
     from bench.bare_loop import BareLoop
-    from runner.config import config_with
+    from runner.config import config_with, rank_config
     from runner.layout import ParallelLayout
     from runner.model.parallel import build_meshes
     from runner.record.metrics import MetricLogger
     from runner.record.wandb_run import start_wandb_run
+    from runner.train.components import build_parts
     from runner.train.loop import Trainer
 
     overrides = {"world_size": world_size, "grad_accum": grad_accum, "train.steps": steps, "train.log_every": 10**6}
-    cfg = config_with(overrides)
+    cfg = rank_config(config_with(overrides))
     meshes = build_meshes(ParallelLayout(world_size, 1, grad_accum), "cpu")
     device = torch.device("cpu")
     logger = None
@@ -67,11 +68,11 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
         run = TimedRun(start_wandb_run(cfg, Path(folder), name="harness", group="bench", extra_config={}))
         logger = MetricLogger(Path(folder) / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
     # The runner with its measurement off (no sketch, no counting, no logging): what the rest of its step costs.
-    quiet = config_with({**overrides, "metrics.sketch_dim": 0, "metrics.count_comm": False})
+    quiet = rank_config(config_with({**overrides, "metrics.sketch_dim": 0, "metrics.count_comm": False}))
     # In ARMS's order:
     arms = [
-        Trainer(cfg, meshes, device, logger),
-        Trainer(quiet, meshes, device, None),
+        Trainer(build_parts(cfg, meshes, device), logger),
+        Trainer(build_parts(quiet, meshes, device)),
         BareLoop(cfg, meshes, device),
         BareLoop(cfg, meshes, device),
     ]

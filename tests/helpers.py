@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
-
-from runner.config import RunConfig
+from runner.config import RunConfig, config_with, rank_config
 
 
-def run_config(**dotted: object) -> DictConfig:
-    """The typed default run config with `key=value` overrides (dots as in `train.seq_len`)."""
-    cfg = OmegaConf.structured(RunConfig)
-    for key, value in dotted.items():
-        OmegaConf.update(cfg, key.replace("__", "."), value, merge=False)
-    return cfg
+def run_config(**dotted: object) -> RunConfig:
+    """The typed default run config, as a rank reads it, with `key=value` overrides (dots as in `train.seq_len`,
+    or `__` for keyword arguments: `train__seq_len`)."""
+    return rank_config(config_with({key.replace("__", "."): value for key, value in dotted.items()}))

@@ -30,6 +30,7 @@ from analysis.load import load_sweeps
 from runner.config import counted_step
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
+from runner.train.components import build_parts
 from runner.train.loop import Trainer
 
 RUNNER = [sys.executable, "-m", "runner"]
@@ -109,7 +110,7 @@ def full_and_sampled_counts() -> tuple[list, list]:
     counts = []
     for every in (1, 3):
         cfg = run_config(grad_accum=2, train__steps=8, metrics__count_first=2, metrics__count_every=every)
-        trainer = Trainer(cfg, meshes, torch.device("cpu"))
+        trainer = Trainer(build_parts(cfg, meshes, torch.device("cpu")))
         counts.append([trainer.step(step)["comm"] for step in range(1, 9)])
     return tuple(counts)
 

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from gloo_world import run_in_world
 from helpers import run_config
 
-from runner.config import Reduction
 from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.model.decoder import build_model
 from runner.model.parallel import build_meshes, parallelize
+from runner.model.registry import build_model
+from runner.modes import Reduction, facts
 from runner.train.reduction import LossReducer, forward_backward
 
 WORLD_SIZES = (2, 4)
@@ -55,7 +55,7 @@ def world_gradients(world_size: int) -> dict:
             batch, dp=world_size, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=grad_accum
         )
         for mode in Reduction:
-            model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
+            model = parallelize(build_model(cfg.model, cfg.seed), meshes, facts(mode).fsdp_reduction)
             step = forward_backward(
                 model, micro_batches, LossReducer(mode, meshes.world_group, grad_accum), torch.device("cpu")
             )
@@ -132,7 +132,7 @@ def world_sp_gradients(world_size: int) -> dict:
             batch, dp=layout.dp, dp_rank=meshes.dp_rank, sp=sp, sp_rank=meshes.sp_rank, grad_accum=1
         )
         for mode in SP_MODES:
-            model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode)
+            model = parallelize(build_model(cfg.model, cfg.seed), meshes, facts(mode).fsdp_reduction)
             reducer = LossReducer(mode, meshes.world_group, 1, sp=sp)
             step = forward_backward(model, micro_batches, reducer, torch.device("cpu"))
             results[sp, mode] = (

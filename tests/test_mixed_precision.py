@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.config import Reduction
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.model.decoder import build_model
 from runner.model.parallel import build_meshes, parallelize
+from runner.model.registry import build_model
+from runner.modes import Reduction, facts
 from runner.testing.local_world import run_in_world
 from runner.train.reduction import LossReducer, forward_backward
 from tests.helpers import run_config
@@ -31,13 +31,13 @@ def step_one_gradients() -> dict:
     """On every rank: each (mode, precision)'s full step-1 gradient as one float32 vector."""
     results = {}
     for name, (param_dtype, reduce_dtype) in PRECISIONS.items():
-        cfg = run_config(**{"train.seq_len": 32, "train.global_batch": 8, "grad_accum": 2})
-        cfg.mp.param_dtype, cfg.mp.reduce_dtype = param_dtype, reduce_dtype
+        precision = {"mp.param_dtype": param_dtype, "mp.reduce_dtype": reduce_dtype}
+        cfg = run_config(**{"train.seq_len": 32, "train.global_batch": 8, "grad_accum": 2, **precision})
         meshes = build_meshes(ParallelLayout(2, 1, 2), "cpu")
         batch = GlobalBatches(load_documents(cfg.data), seq_len=32, global_batch=8, seed=cfg.seed, packing=False)(1)
         micro_batches = local_micro_batches(batch, dp=2, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=2)
         for mode in MODES:
-            model = parallelize(build_model(cfg.model, cfg.seed), meshes, mode, cfg.mp)
+            model = parallelize(build_model(cfg.model, cfg.seed), meshes, facts(mode).fsdp_reduction, cfg.mp)
             forward_backward(model, micro_batches, LossReducer(mode, meshes.world_group, 2), torch.device("cpu"))
             grads = [p.grad.full_tensor().float().flatten() for p in model.parameters()]
             assert all(p.grad.dtype == torch.float32 for p in model.parameters())  # sharded grads stay fp32

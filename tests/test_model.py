@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from runner.config import ModelConfig
-from runner.model.decoder import Decoder, build_model
+from runner.model.decoder import Decoder
+from runner.model.registry import build_model
 
 PRESETS = Path(__file__).resolve().parents[1] / "conf" / "model"
 

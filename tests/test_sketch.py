@@ -11,13 +11,13 @@ import torch
 from gloo_world import run_in_world
 from helpers import run_config
 
-from runner.config import Reduction
 from runner.data.batches import GlobalBatches, load_documents, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.model.decoder import build_model
 from runner.model.parallel import build_meshes, parallelize
+from runner.model.registry import build_model
+from runner.modes import Reduction
 from runner.train.gradients import GradientSketch, clip_gradients
-from runner.train.loop import world_gather
+from runner.train.meter import world_gather
 from runner.train.reduction import LossReducer, forward_backward
 
 WORLD_SIZE = 3
@@ -30,7 +30,7 @@ def sharded_sketch() -> tuple[list[float], dict[str, torch.Tensor], float, float
     meshes = build_meshes(ParallelLayout(WORLD_SIZE, 1, 1), "cpu")
     batch = GlobalBatches(load_documents(cfg.data), seq_len=32, global_batch=6, seed=cfg.seed, packing=False)(1)
     micro_batches = local_micro_batches(batch, dp=WORLD_SIZE, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=1)
-    model = parallelize(build_model(cfg.model, cfg.seed), meshes, Reduction.sum)
+    model = parallelize(build_model(cfg.model, cfg.seed), meshes)
     forward_backward(model, micro_batches, LossReducer(Reduction.sum, meshes.world_group, 1), torch.device("cpu"))
     sketch = GradientSketch(model, cfg.metrics.sketch_dim, cfg.metrics.sketch_seed)
     rank = meshes.dp_rank
@@ -68,7 +68,7 @@ def clipped_both_ways() -> tuple[float, float, float, list[bool]]:
     meshes = build_meshes(ParallelLayout(WORLD_SIZE, 1, 1), "cpu")
     batch = GlobalBatches(load_documents(cfg.data), seq_len=32, global_batch=6, seed=cfg.seed, packing=False)(1)
     micro_batches = local_micro_batches(batch, dp=WORLD_SIZE, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=1)
-    models = [parallelize(build_model(cfg.model, cfg.seed), meshes, Reduction.sum) for _ in range(2)]
+    models = [parallelize(build_model(cfg.model, cfg.seed), meshes) for _ in range(2)]
     for model in models:
         forward_backward(model, micro_batches, LossReducer(Reduction.sum, meshes.world_group, 1), torch.device("cpu"))
     norm, factor = clip_gradients(models[0], 0.5)

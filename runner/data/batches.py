@@ -1,6 +1,6 @@
 """Byte-level training data whose global batch depends only on (seed, step).
 
-DESIGN.md section 4: the global batch of step t is a fixed set of
+What makes runs comparable: the global batch of step t is a fixed set of
 `train.global_batch` sequences chosen from the seed and t, never from the
 world size, sp or grad_accum. It is then split evenly over dp ranks and
 micro-batches, and each sequence's positions into `sp` contiguous chunks, so
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
+from runner.config import DataConfig
 from runner.data.corpus import PACKING_SEPARATOR, document_bytes
 
 IGNORE_INDEX = -100
 PAD_TOKEN = 0  # NUL never occurs in text, and its targets are ignored anyway
 
 
-def load_documents(cfg: DictConfig) -> list[torch.Tensor]:
+def load_documents(cfg: DataConfig) -> list[torch.Tensor]:
     """Each document as a uint8 tensor of its UTF-8 bytes (vocab 256); documents under 2 bytes are dropped."""
     return [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in document_bytes(cfg.path, cfg.text_field)]
 

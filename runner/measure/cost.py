@@ -29,24 +29,22 @@ collectives once (`cost_calls`).
 from __future__ import annotations
 
 import json
-import math
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
-from runner.config import Reduction
-from runner.data.batches import local_micro_batches
 from runner.measure.comm import CollectiveCounter
 from runner.measure.floor import collective_floor
-from runner.model.parallel import Meshes, set_gradient_reduction
+from runner.model.parallel import set_gradient_reduction
+from runner.modes import Reduction, facts
 from runner.record.metrics import MetricLogger, on_schedule
-from runner.train.gradients import clip_gradients
-from runner.train.loop import Trainer, TrainResult, synchronize
-from runner.train.optim import lr_at, set_lr
-from runner.train.reduction import LossReducer, forward_backward, loss_collectives
+from runner.train.components import RankParts
+from runner.train.meter import synchronize
+from runner.train.optim import optimizer_step
+from runner.train.outcome import TrainResult, divergence
+from runner.train.reduction import forward_backward
 
 
 def arm_order(modes: list[Reduction], seed: int, step: int) -> list[Reduction]:
@@ -67,24 +65,24 @@ def _put_gradients(model: torch.nn.Module, grads: list[torch.Tensor | None]) -> 
         p.grad = grad
 
 
-def measure_cost(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: MetricLogger | None) -> TrainResult:
+def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
+    cfg, model, device = parts.cfg, parts.model, parts.device
+    group, world_size = parts.group, parts.layout.world_size
     modes = [Reduction(m) for m in cfg.cost.modes]
-    trainer = Trainer(cfg, meshes, device, logger=None)  # its model, data and optimizer; the loop is this one
-    model, group, world_size = trainer.model, trainer.group, trainer.layout.world_size
-    reducers = {m: LossReducer(m, group, cfg.grad_accum, sp=trainer.layout.sp) for m in modes}
+    reducers = {m: parts.reducer(m) for m in modes}
     if cfg.cost.floor_calls:
         floor = collective_floor(group, device, calls=cfg.cost.floor_calls)
         if logger is not None:
             (logger.path.parent / "floor.json").write_text(json.dumps(floor, indent=2) + "\n")
     result = TrainResult(status="completed", steps_done=0, final_loss=None)
     for step in range(1, cfg.train.steps + 1):
-        micro_batches = local_micro_batches(trainer.batches(step), grad_accum=cfg.grad_accum, **trainer.rank_share)
-        set_lr(trainer.optimizer, lr_at(step, cfg.optim))
+        micro_batches = parts.local_share(parts.batches(step))
+        parts.set_lr(step)
         order = arm_order(modes, cfg.seed, step)
         elapsed = torch.zeros(len(modes), dtype=torch.float64)
         calls = {}
         for mode in order:
-            set_gradient_reduction(model, mode, world_size)
+            set_gradient_reduction(model, facts(mode).fsdp_reduction, world_size)
             counter = CollectiveCounter() if step == 1 else None
             dist.barrier(group=group)
             started = time.perf_counter()
@@ -101,11 +99,9 @@ def measure_cost(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: 
                 kept, trained_loss = grads, step_loss
         world_elapsed = elapsed.to(device)
         dist.all_reduce(world_elapsed, op=dist.ReduceOp.MAX, group=group)  # each arm's world time
-        set_gradient_reduction(model, cfg.reduction, world_size)
+        set_gradient_reduction(model, facts(cfg.reduction).fsdp_reduction, world_size)
         _put_gradients(model, kept)
-        grad_norm, clip_coef = clip_gradients(model, cfg.optim.clip)
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
+        grad_norm, clip_coef = optimizer_step(model, parts.optimizer, cfg.optim.clip)
 
         result.steps_done, result.final_loss = step, trained_loss.loss
         record = {
@@ -116,7 +112,9 @@ def measure_cost(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: 
             "valid_tokens": trained_loss.valid_tokens,
             "cost_s": {m.value: t for m, t in zip(modes, world_elapsed.tolist())},
             "cost_order": [m.value for m in order],
-            "loss_collectives": {m.value: loss_collectives(m, cfg.grad_accum) for m in modes} if step == 1 else None,
+            "loss_collectives": {m.value: facts(m).loss_collectives(cfg.grad_accum) for m in modes}
+            if step == 1
+            else None,
             "cost_calls": calls or None,
         }
         if logger is not None:
@@ -124,8 +122,8 @@ def measure_cost(cfg: DictConfig, meshes: Meshes, device: torch.device, logger: 
             if on_schedule(step, cfg.train.log_every, last=cfg.train.steps):
                 arms = " ".join(f"{m}={t * 1e3:.1f}ms" for m, t in record["cost_s"].items())
                 print(f"cost step {step}/{cfg.train.steps} | loss {record['loss']:.4f} | {arms}", flush=True)
-        if not (math.isfinite(trained_loss.loss) and math.isfinite(grad_norm)):
-            result.status = "diverged"
-            result.error = f"not finite at step {step}: loss {trained_loss.loss}, grad_norm {grad_norm}"
+        stop = divergence(step, trained_loss.loss, grad_norm)
+        if stop is not None:
+            result.status, result.error = "diverged", stop
             break
     return result

@@ -1,7 +1,9 @@
-"""A Llama-style decoder: RMSNorm, rotary positions, SwiGLU, causal SDPA attention.
+"""The runner's own Llama-style decoder (`model.arch=decoder`): RMSNorm, rotary positions, SwiGLU, causal SDPA.
 
 Initialisation depends on the seed only, so every rank (and the single-process
 reference of the tests) builds bit-identical weights before FSDP shards them.
+It offers what `runner.model.registry` asks of a model: its layers, and a
+hook for the attention function (Ulysses under sequence parallelism).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from omegaconf import DictConfig
+
+from runner.config import ModelConfig
 
 # attention(q, k, v) with [batch, heads, seq, head_dim] tensors -> same shape.
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -69,7 +72,7 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: DictConfig, ffn_hidden: int):
+    def __init__(self, cfg: ModelConfig, ffn_hidden: int):
         super().__init__()
         self.attention_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attention = Attention(cfg.d_model, cfg.n_heads)
@@ -87,7 +90,7 @@ def llama_ffn_hidden(d_model: int, multiple_of: int = 32) -> int:
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         ffn_hidden = cfg.ffn_hidden or llama_ffn_hidden(cfg.d_model)
@@ -97,8 +100,15 @@ class Decoder(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        # Set by the sequence-parallel wrapper; plain causal attention otherwise.
+        # Plain causal attention unless `use_attention` replaces it (Ulysses for sp > 1).
         self.attention: AttentionFn = causal_attention
+
+    def layers(self) -> list[nn.Module]:
+        """The modules FSDP2 shards one by one (the root is sharded too)."""
+        return list(self.blocks)
+
+    def use_attention(self, attention: AttentionFn) -> None:
+        self.attention = attention
 
     def forward(self, tokens: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
         """Logits [batch, seq, vocab]; `position_offset` is the first token's absolute position."""
@@ -110,7 +120,7 @@ class Decoder(nn.Module):
         return self.head(self.norm(x))
 
 
-def build_model(cfg: DictConfig, seed: int) -> Decoder:
+def build_decoder(cfg: ModelConfig, seed: int) -> Decoder:
     """Weights drawn from `seed` alone: N(0, init_std), residual outputs scaled by 1/sqrt(2 * n_layers)."""
     generator = torch.Generator().manual_seed(seed)
     model = Decoder(cfg)

@@ -1,4 +1,4 @@
-"""Device mesh, sequence parallelism and FSDP2 sharding of the decoder.
+"""Device mesh, sequence parallelism and FSDP2 sharding of a model (`runner.model.registry`).
 
 The mesh is (dp, sp). Ulysses attention runs on the sp dimension; FSDP shards
 parameters over the whole dp * sp world, so the gradient reduction (mean, or
@@ -11,15 +11,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from runner.config import Reduction
+from runner.config import MixedPrecisionConfig
 from runner.layout import ParallelLayout
-from runner.model.decoder import Decoder
 from runner.model.ulysses import UlyssesAttention
-from runner.train.reduction import fsdp_sums_gradients
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     return Meshes(world=world, fsdp=world["dp", "sp"]._flatten("dp_sp"))
 
 
-def mixed_precision_policy(mp: DictConfig | None) -> MixedPrecisionPolicy:
+def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPolicy:
     """FSDP2's policy from `mp.param_dtype` / `mp.reduce_dtype` (float32 and float32: full precision)."""
     if mp is None:
         return MixedPrecisionPolicy()
@@ -58,27 +56,30 @@ def mixed_precision_policy(mp: DictConfig | None) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def parallelize(model: Decoder, meshes: Meshes, mode: Reduction, mp: DictConfig | None = None) -> Decoder:
-    """Ulysses attention when sp > 1; fully_shard per block and at the root over all W ranks.
+def parallelize(
+    model: nn.Module, meshes: Meshes, fsdp_reduction: str = "mean", mp: MixedPrecisionConfig | None = None
+) -> nn.Module:
+    """Ulysses attention when sp > 1; fully_shard per layer (`model.layers()`) and at the root over all W ranks.
 
-    `fsdp_sum` turns FSDP's gradient mean into a true sum. With a bfloat16
-    `mp.reduce_dtype`, no mode reaches PREMUL_SUM (whose bf16 path is the one
-    a known PyTorch issue zeroes): the mean is ReduceOp.AVG (divide factor W
-    equals the reduce-scatter group's size) and the sum is a forced plain SUM.
+    `fsdp_reduction` "sum" turns FSDP's gradient mean into a true sum (`fsdp_sum`).
+    With a bfloat16 `mp.reduce_dtype`, no mode reaches PREMUL_SUM (whose bf16
+    path is the one a known PyTorch issue zeroes): the mean is ReduceOp.AVG
+    (divide factor W equals the reduce-scatter group's size) and the sum is a
+    forced plain SUM.
     """
     if meshes.world["sp"].size() > 1:
-        model.attention = UlyssesAttention(meshes.sp_group)
+        model.use_attention(UlyssesAttention(meshes.sp_group))
     policy = mixed_precision_policy(mp)
-    for block in model.blocks:
-        fully_shard(block, mesh=meshes.fsdp, mp_policy=policy)
+    for layer in model.layers():
+        fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy)
     fully_shard(model, mesh=meshes.fsdp, mp_policy=policy)
-    if fsdp_sums_gradients(mode):
-        set_gradient_reduction(model, mode, meshes.fsdp.size())
+    if fsdp_reduction != "mean":
+        set_gradient_reduction(model, fsdp_reduction, meshes.fsdp.size())
     return model
 
 
-def set_gradient_reduction(model: Decoder, mode: Reduction, world_size: int) -> None:
-    """FSDP's gradient reduction for `mode`: a true sum for `fsdp_sum`, else the mean over W.
+def set_gradient_reduction(model: nn.Module, fsdp_reduction: str, world_size: int) -> None:
+    """FSDP's gradient reduction: "sum" (a true sum), or "mean" over the W ranks.
 
     Both setters act on one FSDP module only, so apply them to every one.
     Divide factor 1.0 alone asks for PREMUL_SUM, which gloo lacks; forcing
@@ -86,7 +87,9 @@ def set_gradient_reduction(model: Decoder, mode: Reduction, world_size: int) -> 
     factor W without forced SUM, which FSDP turns into ReduceOp.AVG as by default.
     (The cost measurement switches one model between modes with this.)
     """
-    summing = fsdp_sums_gradients(mode)
+    if fsdp_reduction not in ("mean", "sum"):
+        raise ValueError(f"FSDP reduction {fsdp_reduction!r}: valid: mean, sum")
+    summing = fsdp_reduction == "sum"
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0 if summing else float(world_size))

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from runner.config import RunConfig, config_container
 
 
 def has_wandb_credentials() -> bool:
@@ -26,13 +26,13 @@ def has_wandb_credentials() -> bool:
         return False
 
 
-def start_wandb_run(cfg: DictConfig, job_dir: Path, *, name: str, group: str, extra_config: dict[str, Any]):
+def start_wandb_run(cfg: RunConfig, job_dir: Path, *, name: str, group: str, extra_config: dict[str, Any]):
     """A live wandb Run, or None when `wandb.mode=disabled`."""
     if cfg.wandb.mode.value == "disabled":
         return None
     import wandb
 
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    config = config_container(cfg)
     config.update(extra_config)
     run = wandb.init(
         project=cfg.wandb.project,

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from runner.config import run_config_from, run_config_yaml, save_run_config
+from runner.config import rank_config, run_config_from, run_config_yaml, save_run_config
 from runner.layout import ParallelLayout
 from runner.record.summary import read_summary, update_summary
 from runner.sweep.spawn import failure_report, run_world
@@ -149,7 +149,7 @@ def _join_world(cfg: DictConfig, job_dir: Path, env: RankEnv, job: JobInfo, swee
         )
     if env.is_main:
         _clear_earlier_attempt(job_dir)
-    code = run_rank(cfg, job_dir, env, job, time.time())
+    code = run_rank(rank_config(cfg), job_dir, env, job, time.time())
     sys.stdout.flush()
     sys.stderr.flush()
     if env.launcher == "slurm":

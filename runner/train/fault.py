@@ -13,7 +13,8 @@ import sys
 import time
 
 import torch
-from omegaconf import DictConfig
+
+from runner.config import FaultConfig
 
 EXIT_CODE = 3
 
@@ -22,11 +23,11 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def _strikes(fault: DictConfig, kind: str, rank: int, step: int) -> bool:
+def _strikes(fault: FaultConfig, kind: str, rank: int, step: int) -> bool:
     return fault.kind == kind and fault.rank == rank and fault.step == step
 
 
-def before_step(fault: DictConfig, rank: int, step: int) -> None:
+def before_step(fault: FaultConfig, rank: int, step: int) -> None:
     if _strikes(fault, "raise", rank, step):
         raise InjectedFault(f"fault.kind=raise injected on rank {rank} at step {step}")
     if _strikes(fault, "exit", rank, step):
@@ -38,7 +39,7 @@ def before_step(fault: DictConfig, rank: int, step: int) -> None:
             time.sleep(60)
 
 
-def after_backward(fault: DictConfig, rank: int, step: int, model: torch.nn.Module) -> None:
+def after_backward(fault: FaultConfig, rank: int, step: int, model: torch.nn.Module) -> None:
     if _strikes(fault, "nan", rank, step):
         with torch.no_grad():
             for param in model.parameters():

@@ -8,10 +8,12 @@ constant scale except through eps and clipping.
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
+
+from runner.config import OptimConfig
+from runner.train.gradients import clip_gradients
 
 
-def build_optimizer(parameters, cfg: DictConfig) -> torch.optim.Optimizer:
+def build_optimizer(parameters, cfg: OptimConfig) -> torch.optim.Optimizer:
     if cfg.name.value == "sgd":
         return torch.optim.SGD(parameters, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(
@@ -19,7 +21,7 @@ def build_optimizer(parameters, cfg: DictConfig) -> torch.optim.Optimizer:
     )
 
 
-def lr_at(step: int, cfg: DictConfig) -> float:
+def lr_at(step: int, cfg: OptimConfig) -> float:
     """Learning rate of optimizer step `step` (1-based)."""
     if cfg.warmup_steps and step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
@@ -29,3 +31,11 @@ def lr_at(step: int, cfg: DictConfig) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip: float) -> tuple[float, float]:
+    """Clip to the global grad norm, step, zero the gradients: (the norm before clipping, the factor applied)."""
+    grad_norm, clip_coef = clip_gradients(model, clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, clip_coef

@@ -47,8 +47,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
-from runner.config import Reduction
 from runner.data.batches import IGNORE_INDEX, Batch
+from runner.modes import Reduction
 
 
 @dataclass(frozen=True)
@@ -56,24 +56,6 @@ class StepLoss:
     loss: float  # L, the global token-mean loss
     reported: float  # what this mode's training loop reports
     valid_tokens: int  # N
-
-
-def fsdp_sums_gradients(mode: Reduction) -> bool:
-    return mode is Reduction.fsdp_sum
-
-
-def loss_collectives(mode: Reduction, grad_accum: int) -> dict[str, int]:
-    """The all-reduces of one step's forward/backward, by kind (`runner.measure.floor` times each kind).
-
-    plain: N's `dist.all_reduce`; functional: a waited `funcol.all_reduce`
-    (detached's per micro-batch, the others' one per step in `finish_step`);
-    differentiable: a forward + backward pair (sum's per micro-batch).
-    """
-    if mode is Reduction.sum:
-        return {"plain": 1, "functional": 0, "differentiable": grad_accum}
-    if mode is Reduction.detached:
-        return {"plain": 1, "functional": grad_accum, "differentiable": 0}
-    return {"plain": 1, "functional": 1, "differentiable": 0}
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

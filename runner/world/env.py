@@ -134,7 +134,7 @@ def resolve_device_type(requested: str, cuda_available: bool) -> str:
 
 
 def leave_world() -> None:
-    """Barrier, then destroy the group (DESIGN.md section 2: ranks must end cleanly)."""
+    """Barrier, then destroy the group: a rank left to tear gloo down at interpreter exit sometimes aborts."""
     import torch.distributed as dist
 
     if dist.is_initialized():

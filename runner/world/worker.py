@@ -3,7 +3,8 @@
 `runner.sweep.spawn` starts one such process per rank; a job that joins a torchrun
 world calls `run_rank` in-process instead. Rank 0 writes summary.json. A rank
 ends with `os._exit` after a barrier, the process group's destruction and W&B's
-finish (DESIGN.md section 2), so no rank aborts at interpreter exit.
+finish, so no rank aborts at interpreter exit (torch's ranks sometimes abort in
+their exit handlers, after all work is done, when left to exit on their own).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import traceback  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from runner.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -51,16 +56,22 @@ def write_error_record(job_dir: Path, rank: int, error: BaseException) -> None:
     path.write_text(json.dumps(record, indent=1))
 
 
-def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> int:
-    """Train as rank `env.rank`; returns the process exit code. Rank 0 writes summary.json."""
+def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: float) -> int:
+    """Train, or measure the modes' cost when `cost.modes` is set, as rank `env.rank`; returns the exit code.
+
+    Rank 0 writes summary.json and the metrics. `cfg` is the typed config (`runner.config.rank_config`).
+    """
     import torch
 
     from runner.layout import ParallelLayout
+    from runner.measure.cost import measure_cost
     from runner.model.parallel import build_meshes
     from runner.record.metrics import MetricLogger
     from runner.record.summary import update_summary, versions
     from runner.record.wandb_run import start_wandb_run
+    from runner.train.components import build_parts
     from runner.train.loop import train
+    from runner.train.outcome import peak_rss_mib
     from runner.world.env import init_world, leave_world, resolve_device_type
 
     layout = ParallelLayout.from_config(cfg)
@@ -92,15 +103,17 @@ def run_rank(cfg, job_dir: Path, env, job: JobInfo, process_started: float) -> i
             )
             logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
         marks["init"] = time.time()
-        imports, process_group, wandb_init = (
-            b - a for a, b in zip([process_started, *init_marks], [*init_marks, marks["init"]])
-        )
+        phases = zip([process_started, *init_marks], [*init_marks, marks["init"]])
+        imports, process_group, wandb_init = (b - a for a, b in phases)
         summary["init_s"] = {
             "imports": round(imports, 3),
             "process_group": round(process_group, 3),
             "wandb": round(wandb_init, 3),
         }
-        result = train(cfg, meshes, device, logger)
+        parts = build_parts(cfg, meshes, device)
+        loop = measure_cost if cfg.cost.modes else train  # the one place that chooses
+        result = loop(parts, logger)
+        result.peak_rss_mib = peak_rss_mib(parts.group)
         marks["train"] = time.time()
         summary.update(
             status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     warnings.formatwarning = one_line_warning
 
-    from runner.config import load_run_config
+    from runner.config import load_run_config, rank_config
     from runner.world.env import rank_env
 
     env = rank_env()
@@ -145,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(
             "runner.world.worker runs as one rank of a world: RANK and WORLD_SIZE must be set (runner.sweep.spawn sets them)"
         )
-    cfg = load_run_config(args.job_dir / "config.yaml")
+    cfg = rank_config(load_run_config(args.job_dir / "config.yaml"))
     code = run_rank(cfg, args.job_dir, env, JobInfo(args.name, args.group, args.spawned_at), PROCESS_STARTED)
     sys.stdout.flush()
     sys.stderr.flush()

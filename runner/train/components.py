@@ -1,0 +1,78 @@
+"""The parts of one rank that both loops build: model, data, optimizer and loss reducers.
+
+Training (`runner.train.loop`) and the cost measurement (`runner.measure.cost`)
+get them from `build_parts`, step the optimizer with `runner.train.optim.optimizer_step`
+and stop on `runner.train.outcome.divergence`, so the two loops cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from runner.config import RunConfig
+from runner.data.batches import Batch, GlobalBatches, load_documents, local_micro_batches
+from runner.layout import ParallelLayout
+from runner.model.parallel import Meshes, parallelize
+from runner.model.registry import build_model
+from runner.modes import Reduction, facts
+from runner.train.optim import build_optimizer, lr_at, set_lr
+from runner.train.reduction import LossReducer
+
+
+@dataclass
+class RankParts:
+    cfg: RunConfig
+    layout: ParallelLayout
+    meshes: Meshes
+    device: torch.device
+    batches: GlobalBatches
+    model: nn.Module  # sharded with FSDP2, its gradient reduction set for `cfg.reduction`
+    optimizer: torch.optim.Optimizer
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """All W ranks: FSDP's group and the loss collectives'."""
+        return self.meshes.world_group
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    def local_share(self, batch: Batch) -> list[Batch]:
+        """This rank's share of a global batch: its dp rows, in grad_accum micro-batches, its sp columns."""
+        return local_micro_batches(
+            batch,
+            dp=self.layout.dp,
+            dp_rank=self.meshes.dp_rank,
+            sp=self.layout.sp,
+            sp_rank=self.meshes.sp_rank,
+            grad_accum=self.cfg.grad_accum,
+        )
+
+    def set_lr(self, step: int) -> float:
+        """The schedule's learning rate for `step`, set on the optimizer; returns it."""
+        lr = lr_at(step, self.cfg.optim)
+        set_lr(self.optimizer, lr)
+        return lr
+
+    def reducer(self, mode: Reduction) -> LossReducer:
+        return LossReducer(mode, self.group, self.cfg.grad_accum, sp=self.layout.sp)
+
+
+def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
+    """The data, the seed-initialised model sharded for `cfg.reduction`, and its optimizer."""
+    batches = GlobalBatches(
+        load_documents(cfg.data),
+        seq_len=cfg.train.seq_len,
+        global_batch=cfg.train.global_batch,
+        seed=cfg.seed,
+        packing=cfg.data.packing,
+    )
+    fsdp_reduction = facts(cfg.reduction).fsdp_reduction
+    model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)
