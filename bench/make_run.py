@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(quick: bool) -> tuple[str, str, str]:
-    args = ["ARGS=train.steps=3 wandb.mode=disabled"] if quick else []
+    args = ["ARGS=train.steps=6 wandb.mode=disabled"] if quick else []
     started = time.perf_counter()
     done = subprocess.run(["make", "run", *args], cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - started
