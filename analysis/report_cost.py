@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
+from analysis.cost import NULL_MODES
 from runner.modes import with_extra_collectives
 
 
@@ -57,6 +60,10 @@ def interleaved_clause(job: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+def table(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".4g", missingval="")
+
+
 def cost_rows(cost: pd.DataFrame | None) -> pd.DataFrame:
     if cost is None or cost.empty:
         return pd.DataFrame()
@@ -76,3 +83,38 @@ def cost_rows(cost: pd.DataFrame | None) -> pd.DataFrame:
         "block": "block",
     }
     return cost[list(columns)].rename(columns=columns)
+
+
+def cost_section(cost: pd.DataFrame | None, floor: pd.DataFrame | None, sweeps: list[Path]) -> list[str]:
+    """report.md's cost section: the interleaved measurement's table, method and floor; one line without one."""
+    if cost is None or cost.empty:
+        target = f"{sweeps[0]}/cost" if sweeps else "SWEEP_DIR/cost"
+        return [
+            "## Cost, measured interleaved",
+            "",
+            "This analysis holds no interleaved cost job. `python -m runner experiment=cost "
+            f"hydra.run.dir={target}` measures one beside these runs (`make run` does), and a rerun of the "
+            "analysis reports it.",
+            "",
+        ]
+    nulls = " and ".join(f"`{m}`" for m in NULL_MODES)
+    sections = [
+        "## Cost, measured interleaved",
+        "",
+        table(cost_rows(cost)),
+        "",
+        "Each step ran every mode on the same micro-batches and model state, in a random order, each after a "
+        "barrier; a mode's time is the slowest rank's forward+backward. ratio: median over steps of its time "
+        "over `local`'s on the same step; extra: median paired difference; 95% CIs from a moving-block "
+        f"bootstrap (blocks of `block` steps). {nulls} do `local`'s work: their CIs must hold 1, "
+        "and how far they reach from it is what the measurement can resolve.",
+        "",
+    ]
+    if floor is not None and len(floor):
+        sections += [
+            "Floor: a scalar all-reduce timed alone after a barrier (slowest rank, per call):",
+            "",
+            table(floor),
+            "",
+        ]
+    return sections
