@@ -67,28 +67,35 @@ def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
 
 
 def interleaved_cost(cost: pd.DataFrame, out: Path) -> Path:
-    """Each mode's forward+backward time over `local`'s, per cost job, with the null band shaded."""
+    """Each mode's forward+backward time over `local`'s per cost job: the Hodges-Lehmann ratio and its 95% CI;
+    filled where the exact test resolves it, hollow where not, grey for the null control."""
     jobs = cost["job"].drop_duplicates().tolist()
     fig, axes = plt.subplots(1, len(jobs), figsize=(4.8 * len(jobs) + 0.6, 3.6), squeeze=False)
     for ax, job in zip(axes[0], jobs):
         rows = cost[cost["job"] == job].set_index("mode")
         modes = [m for m in MODES if m in rows.index]
-        one = rows.loc[modes]
-        error = np.abs(one[["ci_low", "ci_high"]].to_numpy().T - one["ratio"].to_numpy())
-        ax.bar(range(len(modes)), one["ratio"], yerr=error, color=[COLOURS[m] for m in modes], capsize=3)
-        resolution = one["resolution"].iloc[0]
-        if np.isfinite(resolution):
-            ax.axhspan(1 - resolution, 1 + resolution, color="grey", alpha=0.2, label="null control's reach")
+        for x, mode in enumerate(modes):
+            row = rows.loc[mode]
+            null = row["role"] == "null control"
+            colour = "grey" if null else COLOURS[mode]
+            filled = row["verdict"] == "resolved" or (null and row["verdict"] == "null: differs")
+            ax.errorbar(
+                x, row["ratio"], yerr=[[row["ratio"] - row["ci_low"]], [row["ci_high"] - row["ratio"]]],
+                fmt="o", color=colour, markerfacecolor=colour if filled else "white", capsize=4, markersize=7,
+            )  # fmt: skip
         ax.axhline(1.0, color="grey", lw=0.8)
-        low = min(one["ci_low"].min(), 1 - (resolution if np.isfinite(resolution) else 0))
-        ax.set_ylim(max(0, low - 0.05), max(one["ci_high"].max(), 1) + 0.05)
+        low, high = rows.loc[modes, "ci_low"].min(), rows.loc[modes, "ci_high"].max()
+        margin = max(0.01, 0.1 * (high - low))
+        ax.set_ylim(min(low, 1) - margin, max(high, 1) + margin)
+        ax.set_xlim(-0.5, len(modes) - 0.5)
         style_axes(ax)
         ax.set_xticks(range(len(modes)), modes, rotation=20, ha="right", fontsize=8)
         layout = f"W={rows['world_size'].iloc[0]}, sp={rows['sp'].iloc[0]}, GA={rows['grad_accum'].iloc[0]}"
         ax.set_title(f"{layout}: {int(rows['steps'].iloc[0])} paired steps", fontsize=9)
-    axes[0][0].set_ylabel("fwd+bwd time / local's (95% CI)")
-    axes[0][0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Interleaved cost: each mode against local on the same steps")
+    axes[0][0].set_ylabel("fwd+bwd time / local's\n(95% CI, exact test)")
+    fig.suptitle(
+        "Interleaved cost against local on the same steps\n(filled: resolved; grey: null control)", fontsize=11
+    )
     fig.tight_layout()
     path = save(fig, out / "interleaved_cost.png", dpi=110)
     plt.close(fig)
