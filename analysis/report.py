@@ -58,7 +58,7 @@ def _curve_clause(rescaled: pd.DataFrame, optimizer: str) -> str:
         if clipped
         else " (no clipping)"
     )
-    return f"{curve} {_departure(deviating)} and ends {_range(deviating['final_loss_diff'], '+.3g')} from it{clipping}"
+    return f"{curve} {_departure(deviating)} and ends {_range(deviating['final_loss_diff'], '+.3g')} from the baseline{clipping}"
 
 
 def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:

@@ -24,7 +24,8 @@ def run(quick: bool) -> tuple[str, str, str]:
     sweep = done.stdout.strip().splitlines()[-1]
     body = f"""
 `make run` {" ".join(args)} in the repository, setup already done: the default sweep (six modes, W=2, GA=2, 60 steps),
-then `experiment=cost` (150 interleaved steps of six modes) into the same sweep, then its analysis.
+then `experiment=cost` (225 interleaved steps of sum, local, detached and fsdp_sum) into the same sweep, then its
+analysis.
 
 **Wall time: {wall:.0f} s (goal <= {GOAL_S:.0f} s: {"met" if wall <= GOAL_S else "NOT met"}).** Last line: `{sweep}`
 """
