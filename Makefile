@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml 2>/dev/null | cksum)
 ARGS ?=
 
-.PHONY: setup run test analyze bench sync clean
+.PHONY: setup run test test-fast analyze bench sync clean
 
 setup:
 	@if [ -x "$(PY)" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
@@ -40,6 +40,11 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(ARGS)
+
+# The suite less its slow-marked tests (real worlds of Hugging Face models): for quick local runs;
+# `make test` and CI run everything.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 analyze: setup
 	$(PY) -m analysis $(ARGS)

@@ -54,10 +54,30 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
         for name, lr, clip in zip(runs["optim.name"], runs["optim.lr"], runs["optim.clip"])
     ]
     runs["group_label"] = runs["layout"]
-    for column in swept:
-        runs["group_label"] += " " + column + "=" + runs[column].astype(str)
+    for column in _label_columns(runs, swept):
+        runs["group_label"] += " " + column + "=" + runs[column].map(_shown)
     runs["baseline"], runs["baseline_kind"] = _baselines(runs)
     return runs
+
+
+def _shown(value) -> str:
+    """A config value as a label shows it; `unset` where a run's config lacks the key (e.g. a Hugging Face
+    model's `model.overrides.*` in a run of the own decoder)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "unset"
+    return str(value)
+
+
+def _label_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
+    """The swept columns a label names: those not already told by the ones before them (`model.name=hf_llama`
+    tells `model.arch` and the preset's `model.overrides.*`)."""
+    kept: list[str] = []
+    for column in swept:
+        values = runs[column].map(_shown)
+        if kept and values.groupby([runs[c].map(_shown) for c in kept]).nunique().max() <= 1:
+            continue
+        kept.append(column)
+    return kept
 
 
 def _layout_names(runs: pd.DataFrame) -> np.ndarray:

@@ -5,6 +5,12 @@ FLOPs per token (PaLM's appendix B, as torchtitan and nanoGPT count them):
 plus the output head, and 12 L d T for attention's scores and values (L
 layers, width d, sequence length T). MFU = achieved FLOP/s over the device's
 dense bf16 peak (from its name, or PEAK_TFLOPS).
+
+For a Hugging Face model (`model.arch=hf`), N is counted on the model itself,
+built from the job's config on the meta device (no memory, no weights): the
+weights of its linear layers (GPT-2's Conv1D included), which are its matmuls,
+the head among them even when tied to the embedding; d is the attention's
+width, heads x head_dim (grouped-query attention's smaller k and v are in N).
 """
 
 from __future__ import annotations
@@ -26,11 +32,34 @@ WARMUP_STEPS = 5
 
 
 def flops_per_token(model: dict, seq_len: int) -> float:
+    """Training FLOPs per token of the job's `model` config (as config.yaml holds it) at `seq_len`."""
+    if model.get("arch") == "hf":
+        return hf_flops_per_token(model, seq_len)
     d, layers, vocab = model["d_model"], model["n_layers"], model["vocab_size"]
     ffn = ffn_width(SimpleNamespace(**model))
     per_layer = 4 * d * d + 3 * d * ffn  # attention projections, SwiGLU
     matmul_params = layers * per_layer + d * vocab  # the head is a matmul per token; the embedding is a lookup
     return 6 * matmul_params + 12 * layers * d * seq_len
+
+
+def hf_flops_per_token(model: dict, seq_len: int) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from runner.config import ModelConfig
+    from runner.model.hf import hf_config
+
+    config = hf_config(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), model)))
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config)
+    matmul_params = sum(
+        module.weight.numel()
+        for module in hf.modules()
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+    )
+    text = config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return 6 * matmul_params + 12 * text.num_hidden_layers * text.num_attention_heads * head_dim * seq_len
 
 
 def main(job_dir: Path) -> None:
@@ -45,8 +74,9 @@ def main(job_dir: Path) -> None:
     device = summary.get("device", "")
     peak = float(os.environ.get("PEAK_TFLOPS") or next((v for k, v in PEAK_TFLOPS.items() if k in device), "nan"))
     achieved = tokens_per_s * flops_per_token(cfg["model"], cfg["train"]["seq_len"]) / world / 1e12
+    model = cfg["model"]["name"] + (f" ({cfg['model'].get('arch')})" if cfg["model"].get("arch") == "hf" else "")
     print(
-        f"device: {device} x {world}; status {summary.get('status')}, {len(records)} steps, median step {step_s * 1e3:.1f} ms"
+        f"{model} on {device} x {world}; status {summary.get('status')}, {len(records)} steps, median step {step_s * 1e3:.1f} ms"
     )
     print(f"tokens/s: {tokens_per_s:,.0f} ({tokens_per_s / world:,.0f} per GPU)")
     print(f"MFU: {achieved / peak:.1%} ({achieved:.1f} TFLOP/s per GPU of a {peak:g} TFLOP/s bf16 peak)")

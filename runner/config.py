@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -53,6 +53,7 @@ class Architecture(str, Enum):
     """Model architectures (`model.arch`); each has a builder in `runner.model.registry`."""
 
     decoder = "decoder"  # the runner's own Llama-style decoder
+    hf = "hf"  # a Hugging Face *ForCausalLM built from a config (runner.model.hf): model.config and model.overrides
 
 
 class Device(str, Enum):
@@ -75,6 +76,11 @@ class ModelConfig:
     norm_eps: float = ranged(1e-5, gt=0, lt=1)
     init_std: float = ranged(0.02, gt=0, le=1, why="the weights' standard deviation at init")
     tie_embeddings: bool = False  # the output head reuses the token embedding (GPT-2 style)
+    # arch=hf only (the fields above are the own decoder's): a Hugging Face config.json to build the
+    # model from (random weights, nothing downloaded), or null for a config given whole in `overrides`;
+    # `overrides` are config keys set on top of it (model.overrides.num_hidden_layers=2).
+    config: Optional[str] = None
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def ffn_width(model: ModelConfig) -> int:
@@ -94,6 +100,9 @@ class DataConfig:
     # Off: one document per sequence, padded with the ignore index (valid-token
     # counts vary). On: windows of the concatenated corpus (counts are equal).
     packing: bool = False
+    # null: byte-level tokens (vocab 256). Otherwise a tokenizer.json (the `tokenizers` library) whose
+    # ids replace the bytes; its vocab must fit the model's.
+    tokenizer: Optional[str] = None
 
 
 @dataclass
@@ -232,8 +241,16 @@ def job_dirname(overrides: str, limit: int = 150) -> str:
     return f"{name[:limit]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
 
 
+def run_schema() -> DictConfig:
+    """RunConfig as Hydra's schema. Hydra composes in struct mode (an unknown key is an error) except in
+    `model.overrides`, whose keys are a Hugging Face config's: `model.overrides.num_hidden_layers=2` adds one."""
+    schema = OmegaConf.structured(RunConfig)
+    OmegaConf.set_struct(schema.model.overrides, False)
+    return schema
+
+
 def register_configs() -> None:
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    ConfigStore.instance().store(name="run_schema", node=run_schema())
     resolvers = {"runner_nodes": nodes_for, "runner_tasks_per_node": tasks_per_node_for, "runner_dirname": job_dirname}
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -39,8 +39,14 @@ class ParallelLayout:
     def __str__(self) -> str:
         return f"DP({self.dp})-SP({self.sp})-GA({self.grad_accum})"
 
-    def problems(self, *, global_batch: int, seq_len: int, n_heads: int) -> list[tuple[str, str]]:
-        """(field, message) for every rule the layout breaks; empty when it is valid."""
+    def problems(
+        self, *, global_batch: int, seq_len: int, n_heads: int | None, heads_field: str = "model.n_heads"
+    ) -> list[tuple[str, str]]:
+        """(field, message) for every rule the layout breaks; empty when it is valid.
+
+        `n_heads` are the model's query heads, set by `heads_field` (named in the message);
+        None when the model has no valid shape (its own problem is reported elsewhere).
+        """
         found: list[tuple[str, str]] = []
         for name, value in (("world_size", self.world_size), ("sp", self.sp), ("grad_accum", self.grad_accum)):
             if value < 1:
@@ -48,14 +54,18 @@ class ParallelLayout:
         if found:
             return found
         # Suggest only degrees that pass every sp rule: they divide the world, the heads and the sequence.
-        valid = ", ".join(str(d) for d in _divisors(self.world_size) if n_heads % d == 0 and seq_len % d == 0)
+        valid = ", ".join(
+            str(d)
+            for d in _divisors(self.world_size)
+            if (n_heads is None or n_heads % d == 0) and seq_len % d == 0  # unknown heads: no rule of theirs
+        )
         if self.world_size % self.sp:
             return [("sp", f"sp={self.sp} does not divide world_size={self.world_size}; valid sp: {valid}")]
-        if n_heads % self.sp:
+        if n_heads is not None and n_heads % self.sp:
             found.append(
                 (
                     "sp",
-                    f"model.n_heads={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}",
+                    f"{heads_field}={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}",
                 )
             )
         if seq_len % self.sp:

@@ -274,3 +274,20 @@ def test_group_labels_name_the_layout_and_the_other_swept_values(tmp_path):
         "DP(2)-SP(1)-GA(1) optim.name=sgd",
     ]
     assert verdicts["baseline_kind"].eq("world_size=1 sum").all()
+
+
+def test_a_label_names_a_model_by_its_preset_not_by_the_keys_the_preset_sets(tmp_path):
+    """model=tiny,hf_llama: `model.name` tells `model.arch` and the HF config keys (unset for the own decoder)."""
+    hf_llama = {
+        "model.name": "hf_llama",
+        "model.arch": "hf",
+        "model.overrides": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]},
+    }
+    runs = [SyntheticRun(mode, overrides=model) for mode in ("sum", "local") for model in ({}, hf_llama)]
+    verdicts = analyze(
+        [write_sweep(tmp_path / "sweep", runs)], tmp_path / "out", wandb_mode="disabled", make_plots=False
+    ).verdicts
+    assert sorted(set(verdicts["group_label"])) == [
+        "DP(2)-SP(1)-GA(1) model.name=hf_llama",
+        "DP(2)-SP(1)-GA(1) model.name=tiny",
+    ]

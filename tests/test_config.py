@@ -55,6 +55,14 @@ def error_chain(error: BaseException) -> str:
         (["seed=7", "device=cpu"], {"seed": 7, "device": "cpu"}),
         (["world_size=4", "sp=2"], {"world_size": 4, "sp": 2}),
         (["world_size=4", "sp=4", "grad_accum=1"], {"sp": 4}),
+        (["model=hf_llama"], {"model.arch": "hf", "model.overrides.num_key_value_heads": 2, "model.config": None}),
+        (["model=hf_qwen2", "model.overrides.hidden_size=128"], {"model.overrides.tie_word_embeddings": True}),
+        # Keys the preset does not have are added (the overrides node is open, the rest of the config strict):
+        (
+            ["model=hf_llama", "model.overrides.rope_parameters.rope_theta=5e5"],
+            {"model.overrides.rope_parameters.rope_theta": 5e5},
+        ),
+        (["model=hf_llama", "world_size=4", "sp=4", "grad_accum=1"], {"sp": 4}),
     ],
 )
 def test_accepted_overrides(overrides, expected):
@@ -65,6 +73,22 @@ def test_accepted_overrides(overrides, expected):
         for part in key.split("."):
             got = got[part]
         assert (got.value if hasattr(got, "value") else got) == value, key
+
+
+def test_a_users_hf_config_with_added_overrides(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(
+        '{"model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_attention_heads": 8, "vocab_size": 32000}'
+    )
+    cfg = run_config_from(composed(["model=hf", f"model.config={path}", "model.overrides.num_hidden_layers=2"]))
+    validate(cfg)
+    assert dict(cfg.model.overrides) == {"num_hidden_layers": 2}
+    with pytest.raises(
+        InvalidConfig, match="with model.overrides: num_attention_heads='two' must be a positive integer"
+    ):
+        validate(
+            run_config_from(composed(["model=hf", f"model.config={path}", "model.overrides.num_attention_heads=two"]))
+        )
 
 
 def test_experiment_presets_set_the_sweep():
@@ -106,6 +130,11 @@ def test_composition_rejects(overrides, names):
         (["model.d_model=65"], "model.d_model", "use a multiple of 8 (e.g. 64 or 72)"),
         (["model.d_model=12", "model.n_heads=4"], "model.d_model", "heads of an even size"),
         (["model.vocab_size=100"], "model.vocab_size", ">= 256"),
+        (["model=hf_llama", "model.overrides.num_attention_heads=0"], "model.overrides", "must be a positive integer"),
+        (["model=hf_llama", "model.overrides.architectures=[LlamaModel]"], "model.config", "not a causal LM"),
+        (["model=hf_llama", "model.n_layers=4"], "model.n_layers", "set its key instead, e.g. model.overrides"),
+        (["model=tiny", "model.overrides.num_hidden_layers=4"], "model.overrides", "is for model.arch=hf"),
+        (["model=hf_llama", "train.seq_len=8192"], "train.seq_len", "exceeds the model's max_position_embeddings=4096"),
         (["metrics.sketch_dim=-1"], "metrics.sketch_dim", ">= 0"),
         (["metrics.gather_every=0"], "metrics.gather_every", ">= 1"),
         (["wandb.log_every=0"], "wandb.log_every", ">= 1"),

@@ -29,11 +29,11 @@ def run(tmp_path: Path, name: str, *overrides: str) -> tuple[dict, list[dict]]:
     return json.loads((job / "summary.json").read_text()), records
 
 
-def test_cuda_bf16_run_matches_the_cpu_fp32_run_at_step_one(tmp_path):
-    gpu, gpu_records = run(
-        tmp_path, "gpu", "device=cuda", "world_size=1", "mp.param_dtype=bfloat16", "mp.reduce_dtype=bfloat16"
-    )
-    cpu, cpu_records = run(tmp_path, "cpu", "device=cpu", "world_size=1")
+@pytest.mark.parametrize("model", ["tiny", "hf_llama"])
+def test_cuda_bf16_run_matches_the_cpu_fp32_run_at_step_one(tmp_path, model):
+    bf16 = ["mp.param_dtype=bfloat16", "mp.reduce_dtype=bfloat16"]
+    gpu, gpu_records = run(tmp_path, "gpu", f"model={model}", "device=cuda", "world_size=1", *bf16)
+    cpu, cpu_records = run(tmp_path, "cpu", f"model={model}", "device=cpu", "world_size=1")
     assert gpu["status"] == "completed" and gpu["backend"] == "nccl" and cpu["backend"] == "gloo"
     # The same weights and tokens; bf16 compute moves the loss of a ~5.5-nat model by far less than 0.05.
     assert abs(gpu_records[0]["loss"] - cpu_records[0]["loss"]) < 0.05

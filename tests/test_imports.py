@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 
 import pytest
+from omegaconf import OmegaConf
 
 import analysis
 import bench
@@ -32,3 +33,15 @@ def test_flops_per_token_of_gpt2_124m():
     model = {"d_model": 768, "n_layers": 12, "vocab_size": 50304, "ffn_hidden": None}
     per_layer = 4 * 768**2 + 3 * 768 * 2048
     assert flops_per_token(model, 1024) == 6 * (12 * per_layer + 768 * 50304) + 12 * 12 * 768 * 1024
+
+
+def test_flops_per_token_of_an_hf_model_counts_its_own_matmuls():
+    """hf_llama: q and o 64x64, k and v 64x32 (2 of 4 heads), a 3 x 64x192 SwiGLU, 2 layers, a 64x256 head."""
+    from bench.gpu_throughput import flops_per_token
+    from tests.helpers import MODEL_PRESETS
+
+    model = OmegaConf.to_container(OmegaConf.load(MODEL_PRESETS / "hf_llama.yaml"))
+    per_layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 192
+    assert flops_per_token(model, 128) == 6 * (2 * per_layer + 64 * 256) + 12 * 2 * 64 * 128
+    tied = OmegaConf.to_container(OmegaConf.load(MODEL_PRESETS / "hf_qwen2.yaml"))
+    assert flops_per_token(tied, 128) == flops_per_token(model, 128)  # the tied head is a matmul all the same

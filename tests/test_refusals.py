@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from runner.sweep.machine import CPU_RANKS_PER_CORE, machine_problems, usable_cpu_cores
 from runner.sweep.validate import EXIT_INVALID
-from tests.helpers import run_config
+from tests.helpers import run_config, train_tokenizer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 OVERSUBSCRIBED = 2 * CPU_RANKS_PER_CORE * usable_cpu_cores()
@@ -77,6 +77,37 @@ REFUSALS = [
     ("a key the schema lacks, with or without `+`", ["+reductions=sum"], ["reductions", "did you mean reduction?"]),
     ("data that is not UTF-8 text", ["data.path={data}/binary.txt"], ["binary.txt is not UTF-8 text (byte 6"]),
     ("device=cuda without a CUDA device", ["device=cuda"], ["no CUDA device is visible", "device=cpu"]),
+    ("model=hf without model.config", ["model=hf"], ["no model_type", "model.config=PATH/config.json"]),
+    (
+        "model.config that does not exist",
+        ["model=hf", "model.config={data}/missing/config.json"],
+        ["model.config=", "does not exist", "config.json"],
+    ),
+    (
+        "model.config that is not a causal LM",
+        ["model=hf", "model.config={data}/bert.json"],
+        ["not a causal LM", "BertForMaskedLM", "*ForCausalLM"],
+    ),
+    (
+        "model vocab smaller than the data's",
+        ["model=hf_llama", "model.overrides.vocab_size=200"],
+        ["vocab_size=200 must be >= 256 (byte-level tokens)", "model.overrides.vocab_size=256"],
+    ),
+    (
+        "sp not dividing the HF model's heads",
+        ["model=hf_qwen2", "model.overrides.num_attention_heads=2", "world_size=4", "sp=4", "grad_accum=1"],
+        ["num_attention_heads=2 cannot be split over sp=4", "valid sp for this model: 1, 2"],
+    ),
+    (
+        "data.tokenizer that does not exist",
+        ["data.tokenizer={data}/missing.json"],
+        ["data.tokenizer=", "does not exist"],
+    ),
+    (
+        "tokenizer vocab larger than the model's",
+        ["data.tokenizer={data}/tokenizer.json"],
+        ["model.vocab_size=256 must be >= 384", "set model.vocab_size=384 or more"],
+    ),
 ]
 
 
@@ -91,6 +122,9 @@ def data_dir(tmp_path_factory) -> Path:
     )
     (folder / "broken.jsonl").write_text("{not json\n")
     (folder / "binary.txt").write_bytes(b"text, \xff\xfe then bytes")
+    bert = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_attention_heads": 4, "vocab_size": 512}
+    (folder / "bert.json").write_text(json.dumps(bert))
+    train_tokenizer(folder / "tokenizer.json", 384)
     return folder
 
 

@@ -1,4 +1,4 @@
-"""Byte-level training data whose global batch depends only on (seed, step).
+"""Training data whose global batch depends only on (seed, step): byte-level tokens, or `data.tokenizer`'s ids.
 
 What makes runs comparable: the global batch of step t is a fixed set of
 `train.global_batch` sequences chosen from the seed and t, never from the
@@ -20,15 +20,29 @@ import numpy as np
 import torch
 
 from runner.config import DataConfig
-from runner.data.corpus import PACKING_SEPARATOR, document_bytes
+from runner.data.corpus import PACKING_SEPARATOR, document_bytes, document_token_ids, separator_token_ids
 
 IGNORE_INDEX = -100
-PAD_TOKEN = 0  # NUL never occurs in text, and its targets are ignored anyway
+PAD_TOKEN = 0  # NUL never occurs in text; under a tokenizer any id would do: padded inputs come after a
+# sequence's last target (causal attention never lets a valid target see them) and their targets are ignored.
+BYTE_SEPARATOR = torch.tensor(list(PACKING_SEPARATOR), dtype=torch.uint8)
 
 
 def load_documents(cfg: DataConfig) -> list[torch.Tensor]:
-    """Each document as a uint8 tensor of its UTF-8 bytes (vocab 256); documents under 2 bytes are dropped."""
+    """Each document's tokens: a uint8 tensor of its UTF-8 bytes (vocab 256), or with `data.tokenizer`
+    an int32 tensor of its ids; documents under 2 tokens are dropped."""
+    if cfg.tokenizer is not None:
+        return [
+            torch.tensor(ids, dtype=torch.int32) for ids in document_token_ids(cfg.path, cfg.text_field, cfg.tokenizer)
+        ]
     return [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in document_bytes(cfg.path, cfg.text_field)]
+
+
+def packing_separator(cfg: DataConfig) -> torch.Tensor:
+    """What separates documents in the packed stream (data.packing=true), in the documents' tokens."""
+    if cfg.tokenizer is not None:
+        return torch.tensor(separator_token_ids(cfg.tokenizer), dtype=torch.int32)
+    return BYTE_SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -50,17 +64,27 @@ class Batch:
 
 
 class GlobalBatches:
-    def __init__(self, documents: list[torch.Tensor], *, seq_len: int, global_batch: int, seed: int, packing: bool):
+    def __init__(
+        self,
+        documents: list[torch.Tensor],
+        *,
+        seq_len: int,
+        global_batch: int,
+        seed: int,
+        packing: bool,
+        separator: torch.Tensor = BYTE_SEPARATOR,
+    ):
+        """`documents` from `load_documents`; `separator` (`packing_separator`) goes between them when packing."""
         self.documents = documents
         self.seq_len = seq_len
         self.global_batch = global_batch
         self.seed = seed
         self.packing = packing
         if packing:
-            separator = torch.tensor(list(PACKING_SEPARATOR), dtype=torch.uint8)
+            separator = separator.to(documents[0].dtype)
             self.stream = torch.cat([piece for doc in documents for piece in (doc, separator)])
             if self.stream.numel() < seq_len + 2:
-                raise ValueError(f"the corpus ({self.stream.numel()} bytes) is shorter than train.seq_len + 1")
+                raise ValueError(f"the corpus ({self.stream.numel()} tokens) is shorter than train.seq_len + 1")
 
     def __call__(self, step: int) -> Batch:
         """The global batch of optimizer step `step` (1-based)."""

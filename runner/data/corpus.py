@@ -3,6 +3,11 @@
 The launcher (a process that never imports torch) checks before any rank
 starts that the data can be read and holds at least one sequence; the ranks
 then tokenize the same documents (`runner.data.batches`).
+
+Tokens are a document's UTF-8 bytes (vocab 256), or with `data.tokenizer` the
+ids a `tokenizers` tokenizer.json gives it (that library is Rust with Python
+bindings: it never imports torch, so the launcher reads the same tokenizer to
+check its vocab against the model's).
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ import re
 from pathlib import Path
 
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
-MIN_DOCUMENT_BYTES = 2  # one input token and its target
-PACKING_SEPARATOR = b"\n\n"  # between documents when data.packing=true
+MIN_DOCUMENT_BYTES = 2  # one input token and its target (bytes, or tokens under data.tokenizer)
+PACKING_SEPARATOR = b"\n\n"  # between documents when data.packing=true (its tokens under data.tokenizer)
 
 
 class CorpusError(ValueError):
@@ -83,25 +88,85 @@ def read_texts(path: Path, text_field: str) -> list[str]:
     return paragraphs(read_text(path, path))
 
 
+def document_texts(path: str | None, text_field: str) -> list[str]:
+    """The documents' text: paragraphs of the embedded corpus when `path` is None, else of the user's data."""
+    if path is None:
+        return [p for topic in embedded_corpus_text() for p in paragraphs(topic)]
+    return read_texts(Path(path).expanduser(), text_field)
+
+
+def _no_documents(path: str | None, unit: str) -> CorpusError:
+    return CorpusError(
+        f"data.path={path} holds no document of at least {MIN_DOCUMENT_BYTES} {unit}; give a file with text in it"
+    )
+
+
 def document_bytes(path: str | None, text_field: str) -> list[bytes]:
     """Each trainable document's UTF-8 bytes (the embedded corpus when `path` is None); shorter ones are dropped."""
-    texts = (
-        [p for topic in embedded_corpus_text() for p in paragraphs(topic)]
-        if path is None
-        else read_texts(Path(path).expanduser(), text_field)
-    )
-    documents = [raw for raw in (text.encode() for text in texts) if len(raw) >= MIN_DOCUMENT_BYTES]
+    documents = [
+        raw for raw in (text.encode() for text in document_texts(path, text_field)) if len(raw) >= MIN_DOCUMENT_BYTES
+    ]
     if not documents:
-        raise CorpusError(
-            f"data.path={path} holds no document of at least {MIN_DOCUMENT_BYTES} bytes; give a file with text in it"
-        )
+        raise _no_documents(path, "bytes")
     return documents
 
 
+def tokenizer_file(path: str) -> Path:
+    file = Path(path).expanduser()
+    return file / "tokenizer.json" if file.is_dir() else file
+
+
+def load_tokenizer(path: str):
+    """The `tokenizers.Tokenizer` of `data.tokenizer` (a tokenizer.json, or a folder holding one); CorpusError if unreadable."""
+    from tokenizers import Tokenizer
+
+    file = tokenizer_file(path)
+    if not file.is_file():
+        raise CorpusError(
+            f"data.tokenizer={path} does not exist; give a tokenizer.json (the `tokenizers` library's format) "
+            f"or the folder that holds one, or data.tokenizer=null for byte-level tokens"
+        )
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as error:  # the Rust side raises plain Exceptions
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CorpusError(
+            f"data.tokenizer={path} is not a tokenizer.json the `tokenizers` library reads ({first_line})"
+        ) from None
+
+
+def tokenizer_vocab_size(path: str) -> int:
+    """Token ids the tokenizer can give: its vocabulary with its added (special) tokens (raises CorpusError)."""
+    file = tokenizer_file(path)
+    return _vocab_size(path, _version(str(file)) if file.is_file() else ())
+
+
 @functools.lru_cache(maxsize=32)
-def _packed_bytes(path: str | None, text_field: str, _version: tuple) -> int:
-    """The length of the stream data.packing=true cuts windows from (raises CorpusError)."""
-    return sum(len(doc) + len(PACKING_SEPARATOR) for doc in document_bytes(path, text_field))
+def _vocab_size(path: str, _version: tuple) -> int:
+    return load_tokenizer(path).get_vocab_size(with_added_tokens=True)
+
+
+def document_token_ids(path: str | None, text_field: str, tokenizer: str) -> list[list[int]]:
+    """Each trainable document's token ids under `tokenizer` (special tokens as its post-processor adds them)."""
+    encoded = load_tokenizer(tokenizer).encode_batch(document_texts(path, text_field))
+    documents = [encoding.ids for encoding in encoded if len(encoding.ids) >= MIN_DOCUMENT_BYTES]
+    if not documents:
+        raise _no_documents(path, f"tokens under data.tokenizer={tokenizer}")
+    return documents
+
+
+def separator_token_ids(tokenizer: str) -> list[int]:
+    """The packing separator's ids under `tokenizer` (none for a tokenizer that drops whitespace)."""
+    return load_tokenizer(tokenizer).encode(PACKING_SEPARATOR.decode(), add_special_tokens=False).ids
+
+
+@functools.lru_cache(maxsize=32)
+def _packed_length(path: str | None, text_field: str, tokenizer: str | None, _version: tuple) -> int:
+    """The length of the stream data.packing=true cuts windows from, in tokens (raises CorpusError)."""
+    if tokenizer is None:
+        return sum(len(doc) + len(PACKING_SEPARATOR) for doc in document_bytes(path, text_field))
+    separator = len(separator_token_ids(tokenizer))
+    return sum(len(doc) + separator for doc in document_token_ids(path, text_field, tokenizer))
 
 
 def _version(path: str | None) -> tuple:
@@ -114,17 +179,21 @@ def _version(path: str | None) -> tuple:
     return tuple((str(file), stat.st_mtime_ns, stat.st_size) for file, stat in stats)
 
 
-def corpus_problem(path: str | None, text_field: str, *, seq_len: int, packing: bool) -> str | None:
+def corpus_problem(
+    path: str | None, text_field: str, *, seq_len: int, packing: bool, tokenizer: str | None = None
+) -> str | None:
     """Why this data cannot give one training sequence, or None."""
     try:
-        packed_bytes = _packed_bytes(path, text_field, _version(path))
+        version = _version(path) + (_version(str(tokenizer_file(tokenizer))) if tokenizer else ())
+        packed = _packed_length(path, text_field, tokenizer, version)
     except CorpusError as error:
         return str(error)
-    # A packed window is seq_len inputs plus the last target; GlobalBatches needs one more byte of slack.
-    if packing and packed_bytes < seq_len + 2:
+    unit = "bytes" if tokenizer is None else "tokens"
+    # A packed window is seq_len inputs plus the last target; GlobalBatches needs one more token of slack.
+    if packing and packed < seq_len + 2:
         return (
-            f"data.path={path} holds {packed_bytes} bytes, too few for one packed sequence of "
-            f"train.seq_len={seq_len} (needs {seq_len + 2}); use train.seq_len<={packed_bytes - 2}, "
+            f"data.path={path} holds {packed} {unit}, too few for one packed sequence of "
+            f"train.seq_len={seq_len} (needs {seq_len + 2}); use train.seq_len<={packed - 2}, "
             f"more text, or data.packing=false"
         )
     return None

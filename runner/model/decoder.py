@@ -17,12 +17,13 @@ import torch.nn.functional as F
 
 from runner.config import ModelConfig, ffn_width
 
-# attention(q, k, v) with [batch, heads, seq, head_dim] tensors -> same shape.
+# attention(q, k, v) with [batch, heads, seq, head_dim] tensors -> q's shape. k and v may have fewer heads
+# (grouped-query attention: their count divides q's, and query head h reads key/value head h // (H / H_kv)).
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

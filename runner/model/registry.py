@@ -5,7 +5,8 @@ A model is an `nn.Module` that offers
         position_offset: the absolute position of column 0 (a sequence shard's start under sp);
     model.layers() -> the modules FSDP2 shards one by one (its decoder layers; the root is sharded too);
     model.use_attention(fn) -> route its attention through fn(q, k, v) with [batch, heads, seq, head_dim]
-        tensors (Ulysses' all-to-all wrapper under sequence parallelism).
+        tensors, k and v with as many heads or fewer (grouped-query attention) (Ulysses' all-to-all wrapper
+        under sequence parallelism).
 A builder makes one from the model config and the seed alone, so that every
 rank builds bit-identical weights before sharding. To add an architecture:
 a value of `runner.config.Architecture`, a builder here, a test against a
@@ -22,6 +23,7 @@ import torch.nn as nn
 
 from runner.config import Architecture
 from runner.model.decoder import AttentionFn, build_decoder
+from runner.model.hf import build_hf
 
 
 class LanguageModel(Protocol):
@@ -34,6 +36,7 @@ class LanguageModel(Protocol):
 
 ARCHITECTURES: dict[Architecture, Callable[..., nn.Module]] = {
     Architecture.decoder: build_decoder,
+    Architecture.hf: build_hf,  # transformers is imported when one is built
 }
 
 

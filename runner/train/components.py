@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from runner.config import RunConfig
-from runner.data.batches import Batch, GlobalBatches, load_documents, local_micro_batches
+from runner.data.batches import Batch, GlobalBatches, load_documents, local_micro_batches, packing_separator
 from runner.layout import ParallelLayout
 from runner.model.parallel import Meshes, parallelize
 from runner.model.registry import build_model
@@ -71,6 +71,7 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
         global_batch=cfg.train.global_batch,
         seed=cfg.seed,
         packing=cfg.data.packing,
+        separator=packing_separator(cfg.data),
     )
     fsdp_reduction = facts(cfg.reduction).fsdp_reduction
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)

@@ -1,0 +1,156 @@
+"""The effective Hugging Face config of `model.arch=hf`, read and checked without torch or transformers.
+
+The sweep side refuses bad input before any rank starts, and it never
+imports torch (importing transformers' model registry would: 7 s). So it reads
+the config.json itself, as plain JSON, and applies `model.overrides` on top
+exactly as the ranks will (`runner.model.hf` hands the same dict to
+transformers' `AutoConfig.for_model`).
+
+Causal-LM-ness is told from the config's `architectures`, the class names that
+`save_pretrained` writes from the model that saved it (every config on the
+Hugging Face Hub has them): one must end in `ForCausalLM` (or `LMHeadModel`,
+GPT-2's family's name). That is what the checkpoint was; it refuses
+encoder-only (`BertForMaskedLM`), sequence-to-sequence
+(`T5ForConditionalGeneration`), multimodal (`Qwen2VLForConditionalGeneration`)
+and head variants (`LlamaForSequenceClassification`) by name, with no
+list of model types to keep up to date. `is_encoder_decoder: true` is refused
+in any case. A config without `architectures` (a config class saved on its
+own) names no model, so it is accepted on its `model_type` alone; the ranks
+then ask transformers' causal-LM mapping (`AutoModelForCausalLM`), which fails
+with the model type named if it has none, and check that the model built is
+causal (`runner.model.hf.check_causal`: that mapping also holds BERT's
+bidirectional LM head).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # LlamaForCausalLM ...; GPT2LMHeadModel (GPT-2's family)
+# Key aliases of PretrainedConfig.attribute_map in the architectures that use other names (GPT-2, Falcon, ...).
+HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+KV_HEAD_KEYS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num")
+VOCAB_KEYS = ("vocab_size", "padded_vocab_size")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+
+
+class HFConfigError(ValueError):
+    """The config cannot give a causal LM; `field` is the config field to change."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the sweep side's rules need of a model, whatever its architecture."""
+
+    heads: int  # query heads: Ulysses splits them over sp
+    kv_heads: int  # key/value heads (fewer under grouped-query attention)
+    vocab_size: int
+    heads_field: str  # what sets them, for messages ("model.n_heads", "the model's num_attention_heads")
+    vocab_field: str
+    max_positions: tuple[str, int] | None = None  # (key, value): the longest sequence the config declares
+
+
+def _first(config: dict, keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    return next(((key, config[key]) for key in keys if config.get(key) is not None), None)
+
+
+def _read_json(path_text: str) -> dict:
+    path = Path(path_text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"  # a model folder, as from_pretrained takes
+    if not path.is_file():
+        raise HFConfigError(
+            "model.config",
+            f"model.config={path_text} does not exist; give a Hugging Face config.json (or the folder that holds one)",
+        )
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise HFConfigError("model.config", f"model.config={path_text} is not JSON ({error.msg})") from None
+    if not isinstance(config, dict):
+        raise HFConfigError("model.config", f"model.config={path_text} holds a {type(config).__name__}, not a config")
+    return config
+
+
+def merged(base: dict, overrides: dict) -> dict:
+    """`base` with `overrides` on top; a nested dict (e.g. rope_parameters) is merged key by key."""
+    result = dict(base)
+    for key, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(result.get(key), dict)
+        result[key] = merged(result[key], value) if nested else value
+    return result
+
+
+def hf_config_dict(model) -> dict:
+    """The config.json (when `model.config` is set) with `model.overrides` on top, as plain JSON values."""
+    config = {} if model.config is None else _read_json(model.config)
+    overrides = model.overrides
+    if not isinstance(overrides, dict):  # a DictConfig on the sweep side
+        from omegaconf import OmegaConf
+
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    return merged(config, overrides)
+
+
+def checked_hf_config(model) -> dict:
+    """The effective config, or HFConfigError naming the field to change."""
+    config = hf_config_dict(model)
+    if model.config is None:
+        source = f"model={model.name} (model.overrides)"
+    else:
+        source = f"model.config={model.config}" + (" with model.overrides" if len(model.overrides) else "")
+    if not config.get("model_type"):
+        hint = (
+            "" if model.config is not None else "; give model.config=PATH/config.json or a preset (hf_llama, hf_qwen2)"
+        )
+        raise HFConfigError("model.config", f"{source} has no model_type: not a Hugging Face config{hint}")
+    if config.get("is_encoder_decoder"):
+        raise HFConfigError(
+            "model.config", f"{source} is an encoder-decoder ({config['model_type']}); only causal LMs are trained"
+        )
+    architectures = config.get("architectures") or []
+    if architectures and not any(str(name).endswith(CAUSAL_LM_SUFFIXES) for name in architectures):
+        raise HFConfigError(
+            "model.config",
+            f"{source} is not a causal LM: architectures={architectures}; valid: a config whose "
+            "architectures name a *ForCausalLM class (e.g. LlamaForCausalLM, Qwen2ForCausalLM)",
+        )
+    for keys in (HEAD_KEYS, VOCAB_KEYS):
+        found = _first(config, keys)
+        if found is None:
+            raise HFConfigError(
+                "model.overrides", f"{source} has no {keys[0]}; set it: model.overrides.{keys[0]}=VALUE"
+            )
+        key, value = found
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise HFConfigError("model.overrides", f"{source}: {key}={value!r} must be a positive integer")
+    return config
+
+
+def model_shape(model) -> ModelShape:
+    """Heads and vocab of the effective model (`model.arch=hf`: its config; else the own decoder's fields).
+
+    Raises HFConfigError for an HF config that cannot give a causal LM.
+    """
+    if model.arch.value != "hf":
+        return ModelShape(model.n_heads, model.n_heads, model.vocab_size, "model.n_heads", "model.vocab_size")
+    config = checked_hf_config(model)
+    heads_key, heads = _first(config, HEAD_KEYS)
+    kv = _first(config, KV_HEAD_KEYS)
+    vocab_key, vocab = _first(config, VOCAB_KEYS)
+    positions = _first(config, POSITION_KEYS)
+    return ModelShape(
+        heads=heads,
+        kv_heads=kv[1] if kv else heads,  # transformers' default: one key/value head per query head
+        vocab_size=vocab,
+        heads_field=f"the model's {heads_key}",
+        vocab_field=f"the model's {vocab_key}",
+        max_positions=positions if positions and isinstance(positions[1], int) else None,
+    )
