@@ -159,3 +159,25 @@ def test_online_wandb_needs_a_key(tmp_path, monkeypatch):
         validate(run_config_from(composed(["wandb.mode=online"])))
     monkeypatch.setenv("WANDB_API_KEY", "local-0123456789abcdef")
     validate(run_config_from(composed(["wandb.mode=online"])))
+
+
+def test_the_memory_estimate_sizes_a_hugging_face_model_by_its_config():
+    """hf_llama is `tiny`'s size (2 fewer k/v heads aside); a huge override is refused naming the HF keys."""
+    from runner.sweep.machine import machine_problems
+    from runner.sweep.memory import rank_memory
+
+    own, hf = (sum(size for size, _, _ in rank_memory(run_config_from(composed(o)))) for o in ([], ["model=hf_llama"]))
+    assert hf == pytest.approx(own, rel=0.05)
+    huge = run_config_from(
+        composed(
+            [
+                "model=hf_llama",
+                "model.overrides.hidden_size=16384",
+                "model.overrides.num_hidden_layers=64",
+                "metrics.sketch_dim=0",
+            ]
+        )
+    )
+    ((field, message),) = machine_problems(huge, cuda_devices=0, cpu_cores=2, machine_bytes=24 * 2**30)
+    assert field == "model.overrides.num_hidden_layers"
+    assert "model.overrides.num_hidden_layers=64, model.overrides.hidden_size=16384" in message

@@ -35,6 +35,10 @@ HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 KV_HEAD_KEYS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num")
 VOCAB_KEYS = ("vocab_size", "padded_vocab_size")
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+# Size keys, for the launcher's memory estimate (runner.sweep.memory).
+WIDTH_KEYS = ("hidden_size", "n_embd", "d_model")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+FFN_KEYS = ("intermediate_size", "n_inner", "ffn_dim")
 
 
 class HFConfigError(ValueError):
@@ -55,6 +59,13 @@ class ModelShape:
     heads_field: str  # what sets them, for messages ("model.n_heads", "the model's num_attention_heads")
     vocab_field: str
     max_positions: tuple[str, int] | None = None  # (key, value): the longest sequence the config declares
+    # Its size, for the memory estimate: layers, width, feed-forward width, whether the head is the embedding,
+    # and (field, value) of what sets them, to name when it is too big.
+    layers: int = 0
+    width: int = 0
+    ffn: int = 0
+    tied: bool = False
+    size_fields: tuple[tuple[str, Any], ...] = ()
 
 
 def _first(config: dict, keys: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -140,12 +151,30 @@ def model_shape(model) -> ModelShape:
     Raises HFConfigError for an HF config that cannot give a causal LM.
     """
     if model.arch.value != "hf":
-        return ModelShape(model.n_heads, model.n_heads, model.vocab_size, "model.n_heads", "model.vocab_size")
+        from runner.config import ffn_width
+
+        return ModelShape(
+            heads=model.n_heads,
+            kv_heads=model.n_heads,
+            vocab_size=model.vocab_size,
+            heads_field="model.n_heads",
+            vocab_field="model.vocab_size",
+            layers=model.n_layers,
+            width=model.d_model,
+            ffn=ffn_width(model),
+            tied=model.tie_embeddings,
+            size_fields=tuple(
+                (f"model.{name}", model[name]) for name in ("n_layers", "d_model", "vocab_size", "ffn_hidden")
+            ),
+        )
     config = checked_hf_config(model)
     heads_key, heads = _first(config, HEAD_KEYS)
     kv = _first(config, KV_HEAD_KEYS)
     vocab_key, vocab = _first(config, VOCAB_KEYS)
     positions = _first(config, POSITION_KEYS)
+    sizes = {keys: _first(config, keys) for keys in (LAYER_KEYS, WIDTH_KEYS, FFN_KEYS)}
+    layers, width, ffn = (found[1] if found and isinstance(found[1], int) else 0 for found in sizes.values())
+    size_keys = [sizes[LAYER_KEYS], sizes[WIDTH_KEYS], (vocab_key, vocab), sizes[FFN_KEYS]]
     return ModelShape(
         heads=heads,
         kv_heads=kv[1] if kv else heads,  # transformers' default: one key/value head per query head
@@ -153,4 +182,9 @@ def model_shape(model) -> ModelShape:
         heads_field=f"the model's {heads_key}",
         vocab_field=f"the model's {vocab_key}",
         max_positions=positions if positions and isinstance(positions[1], int) else None,
+        layers=layers,
+        width=width,
+        ffn=ffn or 4 * width,  # GPT-2's n_inner: null means 4 x the width
+        tied=bool(config.get("tie_word_embeddings", False)),
+        size_fields=tuple((f"model.overrides.{key}", value) for key, value in filter(None, size_keys)),
     )

@@ -12,6 +12,9 @@ M micro-batches; P parameters; B = train.global_batch, T = train.seq_len):
                  positions: logits with their float copy and gradient, what each layer keeps for backward,
                  and attention's scores over the whole sequence (Ulysses gathers it)
 
+A Hugging Face model (`model.arch=hf`) is sized by the same formula from its
+config's layers, width, feed-forward width and vocab (`runner.model.hf_config`).
+
 An estimate, not a bound: it refuses only what clearly cannot fit (over
 `BUDGET` of the machine's memory, shared by its ranks); what it lets through may
 still be slow.
@@ -23,8 +26,8 @@ import os
 
 from omegaconf import DictConfig
 
-from runner.config import ffn_width
 from runner.layout import ParallelLayout
+from runner.model.hf_config import HFConfigError, model_shape
 
 BUDGET = 0.8  # of the machine's memory, shared by the ranks started on it
 GIB = 2**30
@@ -35,16 +38,24 @@ def machine_memory_bytes() -> int:
 
 
 def rank_memory(cfg: DictConfig) -> list[tuple[float, str, list[str]]]:
-    """(bytes, what, the fields that set it) per part of one rank's memory (the module docstring's formula)."""
-    model, layout = cfg.model, ParallelLayout.from_config(cfg)
-    d, layers, vocab, heads, ffn = model.d_model, model.n_layers, model.vocab_size, model.n_heads, ffn_width(model)
+    """(bytes, what, the fields that set it) per part of one rank's memory (the module docstring's formula).
+
+    A Hugging Face model is sized from its config (`runner.model.hf_config.model_shape`) by the same formula;
+    an unreadable one has no parts (the config rules refuse it).
+    """
+    try:
+        shape = model_shape(cfg.model)
+    except HFConfigError:
+        return []
+    layout = ParallelLayout.from_config(cfg)
+    d, layers, vocab, heads, ffn = shape.width, shape.layers, shape.vocab_size, shape.heads, shape.ffn
     per_layer = 4 * d * d + 3 * d * ffn + 2 * d
-    root = vocab * d * (1 if model.tie_embeddings else 2) + d
+    root = vocab * d * (1 if shape.tied else 2) + d
     params = layers * per_layer + root
     world, batch, seq = layout.world_size, cfg.train.global_batch, cfg.train.seq_len
     rows = max(1, batch // (layout.dp * layout.grad_accum))
     chunk = seq // layout.sp
-    model_fields = ["model.n_layers", "model.d_model", "model.vocab_size", "model.ffn_hidden"]
+    model_fields = [name for name, _ in shape.size_fields]
     activations = (
         rows * chunk * (12 * vocab + 4 * layers * (10 * d + 3 * ffn)) + 4 * rows * (heads // layout.sp) * seq**2
     )
@@ -80,6 +91,8 @@ def memory_problems(cfg: DictConfig, *, ranks_here: int, machine_bytes: int) -> 
 
 
 def _value(cfg: DictConfig, dotted: str) -> object:
+    if dotted.startswith("model.overrides."):  # a Hugging Face config's key: the config file's value, or its override
+        return dict(model_shape(cfg.model).size_fields)[dotted]
     for part in dotted.split("."):
         cfg = cfg[part]
     return cfg
