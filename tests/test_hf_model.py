@@ -98,7 +98,16 @@ def test_a_users_config_json_with_overrides(tmp_path):
 
 
 def test_the_launcher_reads_the_effective_shape_without_transformers(tmp_path):
-    assert model_shape(preset("hf_llama")) == model_shape(preset("hf_qwen2"))
+    llama, qwen2 = model_shape(preset("hf_llama")), model_shape(preset("hf_qwen2"))
+    assert (llama.heads, llama.kv_heads, llama.vocab_size, llama.layers, llama.width, llama.ffn) == (
+        4,
+        2,
+        256,
+        2,
+        64,
+        192,
+    )
+    assert (qwen2.heads, qwen2.kv_heads, qwen2.vocab_size, qwen2.tied, llama.tied) == (4, 2, 256, True, False)
     shape = model_shape(preset("hf_llama", num_attention_heads=8, vocab_size=512))
     assert (shape.heads, shape.kv_heads, shape.vocab_size) == (8, 2, 512)
     assert shape.heads_field == "the model's num_attention_heads"

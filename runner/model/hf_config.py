@@ -164,7 +164,7 @@ def model_shape(model) -> ModelShape:
             ffn=ffn_width(model),
             tied=model.tie_embeddings,
             size_fields=tuple(
-                (f"model.{name}", model[name]) for name in ("n_layers", "d_model", "vocab_size", "ffn_hidden")
+                (f"model.{name}", getattr(model, name)) for name in ("n_layers", "d_model", "vocab_size", "ffn_hidden")
             ),
         )
     config = checked_hf_config(model)

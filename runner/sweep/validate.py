@@ -87,11 +87,11 @@ def _other_architectures_fields(model: DictConfig) -> Problems:
         return [
             (
                 f"model.{name}",
-                f"model.{name}={model[name]} is the own decoder's; model.arch=hf reads a Hugging Face config: "
+                f"model.{name}={getattr(model, name)} is the own decoder's; model.arch=hf reads a Hugging Face config: "
                 "set its key instead, e.g. model.overrides.num_hidden_layers=4",
             )
             for name in DECODER_FIELDS + ("tie_embeddings",)
-            if model[name] != getattr(defaults, name)
+            if getattr(model, name) != getattr(defaults, name)
         ]
     return [
         (
@@ -100,7 +100,7 @@ def _other_architectures_fields(model: DictConfig) -> Problems:
             "(model.n_layers, model.d_model, ...), or use model=hf_llama, hf_qwen2 or hf",
         )
         for name in ("config", "overrides")
-        if model[name]
+        if getattr(model, name)
     ]
 
 
