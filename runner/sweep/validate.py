@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 from runner.config import FAULT_KINDS
 from runner.data.corpus import corpus_problem
 from runner.layout import ParallelLayout
+from runner.modes import custom_expectation
 from runner.record.wandb_run import has_wandb_credentials
+from runner.sweep.custom_check import custom_fn_problem
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # More gloo ranks than this per core spend their time in the scheduler, not training.
@@ -41,6 +43,7 @@ def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     problems += _training_problems(cfg)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
     problems += cost_problems(cfg)
+    problems += custom_problems(cfg)
     problems += _count_problems(cfg.metrics)
     problems += _fault_problems(cfg)
     problems += _positive(cfg.dist.timeout_s, "dist.timeout_s")
@@ -185,6 +188,14 @@ def cost_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     modes = [m.value for m in cfg.cost.modes]
     if not modes:
         return []
+    if "custom" in modes or cfg.reduction.value == "custom":
+        return [
+            (
+                "cost.modes",
+                f"cost.modes={modes} with reduction={cfg.reduction.value}: the cost job times the runner's own modes, "
+                "not a custom callable; train reduction=custom with cost.modes=[] and list only built-in modes here",
+            )
+        ]
     found = []
     if "local" not in modes:
         found.append(("cost.modes", f"cost.modes={modes} must include local (the baseline of every overhead)"))
@@ -252,4 +263,25 @@ def _fault_problems(cfg: DictConfig) -> list[tuple[str, str]]:
                 f"fault.step={fault.step} is not a step of train.steps={cfg.train.steps}; valid: 1 to {cfg.train.steps}",
             )
         )
+    return found
+
+
+def custom_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+    """reduction=custom needs an importable callable fn(logits, labels, ctx), and a readable `custom.expect`."""
+    if cfg.reduction.value != "custom":
+        return []  # custom.* is ignored by the other modes
+    found = []
+    if cfg.custom.fn is None:
+        found.append(
+            ("custom.fn", "reduction=custom needs custom.fn=MODULE:CALLABLE, e.g. examples.reductions.torchtitan:loss")
+        )
+    else:
+        problem = custom_fn_problem(cfg.custom.fn)  # a subprocess, once per callable: the module may import torch
+        if problem:
+            found.append(("custom.fn", problem))
+    if cfg.custom.expect is not None:
+        try:
+            custom_expectation(cfg.custom.expect, cfg.world_size)
+        except ValueError as error:
+            found.append(("custom.expect", f"custom.expect={cfg.custom.expect}: {error}"))
     return found
