@@ -25,7 +25,9 @@ from analysis.groups import assign_groups
 from analysis.invariance import invariance, invariance_summary
 from analysis.load import load_sweeps
 from analysis.report import opening, write_report
+from analysis.report_rfc import rfc_answer
 from analysis.runs_parquet import write_runs_parquet
+from analysis.trainers import trainer_sentences, trainers_csv, trainers_table
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
@@ -45,6 +47,8 @@ VERDICT_ID_COLUMNS = [
     "diverged_at",
     "baseline",
     "baseline_kind",
+    "fsdp_reduction",
+    "all_reduce",
 ]
 
 
@@ -139,8 +143,13 @@ def _analyze(
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
+    trainers = trainers_table(runs, table)
+    if len(trainers):
+        trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost)
-    report = write_report(out, sweeps, answer, runs, table, comm, layout_table, pngs, tol, cost, floor)
+    for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
+        answer += f"\n{extra}\n" if extra else ""
+    report = write_report(out, sweeps, answer, runs, table, comm, layout_table, pngs, tol, cost, floor, trainers)
     clock("report")
     for drawn in curve_pngs:
         drawn.result()
@@ -151,6 +160,8 @@ def _analyze(
     tables = {"verdicts": table, "invariance": layout_table, "comm": comm}
     if len(cost):
         tables.update(cost=cost, floor=floor)
+    if len(trainers):
+        tables["trainers"] = trainers_csv(trainers)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
     return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, clock.timings)

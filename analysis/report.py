@@ -12,7 +12,8 @@ from analysis.compare import NOT_RUN, Tolerances
 from analysis.expected import SAME
 from analysis.plots import MAX_GROUPS
 from analysis.report_cost import cost_rows, interleaved_clause
-from runner.modes import MODES, OVER_W, modes_where, with_extra_collectives
+from analysis.trainers import is_trainer, trainers_section
+from runner.modes import OVER_W, label_order, modes_where, with_extra_collectives
 
 
 def _range(values: pd.Series, fmt: str) -> str:
@@ -201,7 +202,8 @@ def opening(
         "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`).",
         "",
     ]
-    for mode in [m for m in MODES if m in set(verdicts["reduction"])]:
+    shown = verdicts["reduction"][~is_trainer(verdicts["reduction"])]  # a trainer has its own line (analysis.trainers)
+    for mode in sorted(set(shown), key=label_order):
         sentence = _mode_sentence(mode, verdicts[verdicts["reduction"] == mode])
         if sentence:
             lines.append(sentence)
@@ -217,7 +219,7 @@ def _table(frame: pd.DataFrame, empty: str = "(none)") -> str:
 
 def _by_mode(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows by group, then in the modes' order (sum first, the negative control last)."""
-    order = frame["reduction"].map({m: i for i, m in enumerate(MODES)})
+    order = frame["reduction"].map(label_order)
     return frame.assign(_order=order).sort_values(["group_label", "_order"]).drop(columns="_order")
 
 
@@ -233,6 +235,7 @@ def write_report(
     tol: Tolerances,
     cost: pd.DataFrame | None = None,
     floor: pd.DataFrame | None = None,
+    trainers: pd.DataFrame | None = None,
 ) -> Path:
     """report.md: `answer` (the `opening` of these tables, which the caller has already), then the tables and plots."""
     verdict_columns = {
@@ -263,6 +266,7 @@ def write_report(
         f"the direction is the same while 1 - cos <= {tol.cos_tol:g} (gradient sketch at step 1); "
         f"the scale is unchanged while |k - 1| <= {tol.scale_rtol:g}. Every number and its reason: verdicts.csv.",
         "",
+        *trainers_section(trainers),
         "## Runs that did not complete",
         "",
         _table(not_ok[["run", "status", "steps_done", "diverged_at", "error"]]),

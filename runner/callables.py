@@ -42,10 +42,10 @@ def resolve_callable(spec: str):
     target = module
     for part in attribute.split("."):
         if not hasattr(target, part):
-            public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            functions = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
             raise CallableProblem(
-                f"custom.fn={spec}: {module_name} has no attribute {attribute!r}; its callables: "
-                + (", ".join(public) or "none")
+                f"custom.fn={spec}: {module_name} has no attribute {attribute!r}; its functions: "
+                + (", ".join(functions) or "none")
             )
         target = getattr(target, part)
     if not callable(target):

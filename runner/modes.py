@@ -186,6 +186,7 @@ def mode_label(
 
 def label_order(label: str) -> tuple:
     """Sort key of mode labels: the modes' order, each `sum[...]` after `sum`, custom callables last by name."""
+    label = str(label)  # an unreadable config's mode is missing (NaN): last
     base, _, rest = label.partition("[")
     if label.startswith("custom:"):
         return (len(MODES), 0, label)
