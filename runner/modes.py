@@ -5,13 +5,16 @@ math of each mode is written out in `runner.train.reduction`, next to the code.
 
 | mode          | FSDP reduction | gradient   | role                | loss collectives per step    |
 |---------------|----------------|------------|---------------------|------------------------------|
-| sum           | mean           | grad L     | reference           | N, and M differentiable      |
+| sum           | mean           | grad L (*) | reference           | N, and M differentiable      |
 | fsdp_sum      | sum            | grad L     | correct alternative | N, and 1 for logging         |
 | scaled        | mean           | grad L     | correct alternative | N, and 1 for logging         |
 | local         | mean           | grad L / W | the question        | N, and 1 for logging         |
 | detached      | mean           | grad L / W | the question        | N, and M for logging         |
 | mean_of_means | mean           | reweighted | negative control    | N, and 1 for logging         |
-| custom        | custom.fsdp_reduce | measured | custom              | N, 1 for logging, and its own |
+| custom        | custom.*       | measured   | custom              | N, 1 for logging, its own    |
+
+(*) with a SUM-backward all-reduce (funcol, torch_nn); grad L / W with identity.
+custom: FSDP's reduction is `custom.fsdp_reduce`.
 
 `fsdp_sum` and `scaled` compute grad L with exactly `local`'s collectives:
 they are the null control of the interleaved cost measurement. The enum's

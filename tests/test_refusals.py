@@ -81,7 +81,11 @@ REFUSALS = [
     (
         "custom.fn attribute missing",
         ["reduction=custom", "custom.fn=json:nothing"],
-        ["custom.fn=json:nothing", "no attribute 'nothing'", "its functions: detect_encoding, dump, dumps, load, loads"],
+        [
+            "custom.fn=json:nothing",
+            "no attribute 'nothing'",
+            "its functions: detect_encoding, dump, dumps, load, loads",
+        ],
     ),
     (
         "custom.fn not callable",
