@@ -107,6 +107,11 @@ REFUSALS = [
         ["cost.modes=[local,custom]"],
         ["cost.modes=['local', 'custom']", "not a custom callable"],
     ),
+    (
+        "another all-reduce in a cost job",
+        ["experiment=cost", "autograd_all_reduce=identity"],
+        ["autograd_all_reduce=identity with cost.modes=", "use autograd_all_reduce=funcol"],
+    ),
 ]
 
 

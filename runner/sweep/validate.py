@@ -197,6 +197,14 @@ def cost_problems(cfg: DictConfig) -> list[tuple[str, str]]:
             )
         ]
     found = []
+    if "sum" in modes and cfg.autograd_all_reduce.value != "funcol":
+        found.append(
+            (
+                "autograd_all_reduce",
+                f"autograd_all_reduce={cfg.autograd_all_reduce.value} with cost.modes={modes}: the cost job times and "
+                "records sum's collectives as funcol's (forward and backward); use autograd_all_reduce=funcol",
+            )
+        )
     if "local" not in modes:
         found.append(("cost.modes", f"cost.modes={modes} must include local (the baseline of every overhead)"))
     if cfg.reduction.value not in modes:
