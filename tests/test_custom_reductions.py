@@ -124,18 +124,30 @@ def rank_means():
     return _backward(loss_of)
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
-def world(request):
-    layout = LAYOUTS[request.param]
-    names = list(CALLABLES) if layout.sp == 1 else AT_SP2
-    return layout, run_in_world(custom_gradients, layout.world_size, layout, names)[0]
+def _names(layout_id: str) -> list[str]:
+    return list(CALLABLES) if LAYOUTS[layout_id].sp == 1 else AT_SP2
 
 
-@pytest.mark.parametrize("name", list(CALLABLES))
-def test_each_callable_gets_the_gradient_its_math_gives(world, token_mean, rank_means, name):
-    layout, results = world
-    if name not in results:
-        pytest.skip(f"{name} runs at sp=1 only")
+CASES = [(layout_id, name) for layout_id in LAYOUTS for name in _names(layout_id)]
+
+
+@pytest.fixture(scope="module")
+def worlds():
+    """world(layout_id) -> (layout, rank 0's results): one gloo world per layout, started when first asked for."""
+    done = {}
+
+    def world(layout_id: str):
+        layout = LAYOUTS[layout_id]
+        if layout_id not in done:
+            done[layout_id] = run_in_world(custom_gradients, layout.world_size, layout, _names(layout_id))[0]
+        return layout, done[layout_id]
+
+    return world
+
+
+@pytest.mark.parametrize("layout_id, name", CASES, ids=[f"{layout}-{name}" for layout, name in CASES])
+def test_each_callable_gets_the_gradient_its_math_gives(worlds, token_mean, rank_means, layout_id, name):
+    _, results = worlds(layout_id)
     expected = CALLABLES[name][2]
     loss, reported, grads = results[name]
     assert loss == pytest.approx(token_mean[0], rel=1e-5)  # the runner's L, whatever the callable does
@@ -148,8 +160,9 @@ def test_each_callable_gets_the_gradient_its_math_gives(world, token_mean, rank_
         assert torch.nn.functional.cosine_similarity(got, true, dim=0) < 1 - 1e-4
 
 
-def test_logged_values_become_reported_loss(world, token_mean, rank_means):
-    layout, results = world
+@pytest.mark.parametrize("layout_id", list(LAYOUTS))
+def test_logged_values_become_reported_loss(worlds, token_mean, rank_means, layout_id):
+    layout, results = worlds(layout_id)
     # Hugging Face logs its backpropagated loss (W S / N): summed over micro-batches, averaged over ranks, L.
     assert results["hf_trainer"][1] == pytest.approx(token_mean[0], rel=1e-5)
     # xtuner logs the all-reduced loss; torchtitan logs nothing of its own (then reported_loss is L).
