@@ -24,13 +24,16 @@ setup:
 	fi
 
 # The sweep, the interleaved cost measurement into the same sweep directory,
-# then their analysis (the newest sweep is the one just run). The sweep exits 1
-# when a job failed; the analysis still runs (and reports it).
+# then their analysis. ARGS are the sweep's overrides (`make run ARGS="model=small
+# train.steps=200"`); those that set one value (not a list, not experiment= or
+# hydra.*) reach the cost job too. The sweep exits 1 when a job failed; the
+# analysis still runs (and reports it).
+RUN_DIR := multirun/$(shell date +%Y-%m-%d_%H-%M-%S)
 run: setup
-	-$(PY) -m runner -m $(ARGS)
-	-$(PY) -m runner experiment=cost hydra.run.dir=$$(ls -td multirun/*/ | head -n 1)cost
-	$(PY) -m analysis
-	@echo "results: $$(ls -td multirun/*/ | head -n 1)  (report: analysis/report.md; upload the W&B runs: make sync)"
+	-$(PY) -m runner -m $(ARGS) hydra.sweep.dir=$(RUN_DIR)
+	-$(PY) -m runner experiment=cost $$($(PY) -m runner.sweep.overrides $(ARGS)) hydra.run.dir=$(RUN_DIR)/cost
+	$(PY) -m analysis $(RUN_DIR)
+	@echo "results: $(RUN_DIR)  (report: analysis/report.md; upload the W&B runs: make sync)"
 
 # Lint and format check (ruff, configured in pyproject.toml), then the tests.
 test: setup

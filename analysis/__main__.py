@@ -1,6 +1,9 @@
 """`python -m analysis [SWEEP_DIR ...]`: verdicts, invariance, communication cost, plots and a report.
 
-With no sweep: the newest under multirun/. Several sweeps are analysed as one
+With no directory: the newest sweep or run under multirun/ or outputs/. A
+directory may be a sweep (multirun/<date_time>), a single run
+(outputs/<date_time>), one job of a sweep, or an interleaved cost job alone
+(its cost table and report section only). Several are analysed as one
 (e.g. a world_size=1 reference sweep beside an ablation sweep). `--check`
 exits 1 unless every run's verdict is the one its mode should get.
 """
@@ -14,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.compare import NOT_RUN, Tolerances
-from analysis.load import newest_sweep
+from analysis.load import newest_result, not_a_result
 from analysis.pipeline import analyze
 from analysis.wandb_log import WANDB_MODES
 
@@ -24,7 +27,12 @@ PRINTED = ["group_label", "reduction", "status", "verdict_text", "expected", "as
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = Tolerances()
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
-    parser.add_argument("sweeps", nargs="*", type=Path, help="sweep directories (default: the newest under multirun/)")
+    parser.add_argument(
+        "sweeps",
+        nargs="*",
+        type=Path,
+        help="sweep, run or job directories (default: the newest under multirun/ or outputs/)",
+    )
     parser.add_argument(
         "--out", type=Path, help="output folder (default: SWEEP/analysis; with several sweeps, FIRST/analysis-combined)"
     )
@@ -46,8 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     for sweep in args.sweeps:
-        if not sweep.is_dir():
-            parser.error(f"sweep directory {sweep} does not exist")
+        problem = not_a_result(sweep)
+        if problem:
+            parser.error(problem)
     for name in ("loss_rtol", "cos_tol", "scale_rtol"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -57,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        sweeps = args.sweeps or [newest_sweep()]
+        sweeps = args.sweeps or [newest_result()]
     except FileNotFoundError as error:
         print(f"analysis: {error}", file=sys.stderr)
         return 2
@@ -69,15 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"analysis: {error}", file=sys.stderr)
         return 2
 
-    table = result.verdicts.sort_values(["group_label", "reduction"])
-    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
-        print(table[PRINTED].to_string(index=False))
-    print()
+    table = result.verdicts.sort_values(["group_label", "reduction"]) if len(result.verdicts) else result.verdicts
+    if len(table):
+        with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
+            print(table[PRINTED].to_string(index=False))
+        print()
     print(result.answer)
-    print(f"wrote {out}/: report.md, verdicts.csv, invariance.csv, comm.csv, runs.parquet and plots")
+    print(f"wrote {out}/: {', '.join(result.written)}")
     if result.wandb_dir is not None:
         print(f"W&B analysis run: {result.wandb_dir}  (wandb sync {result.wandb_dir})")
     if not args.check:
+        return 0
+    if table.empty:
+        print("check: no training runs to judge (only cost measurements)")
         return 0
     offending = table[table["as_expected"].eq(False)]
     unjudged = table[table["as_expected"].isna()]

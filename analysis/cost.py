@@ -1,25 +1,29 @@
-"""Each mode's cost from the interleaved measurement (`runner.measure.cost`): paired, block-bootstrapped, null-controlled.
+"""Each mode's cost from the interleaved measurement (`runner.measure.cost`): paired, exact, null-controlled.
 
 A cost job logs, per step t, every arm's world time T[t, mode] (the slowest
-rank's forward/backward, each arm after a barrier, in a random order per
-step). Per mode, against `local` of the same step:
+rank's forward/backward, each arm after a barrier, in an order drawn at random
+each step). Per mode, against `local` on the same step (the same
+micro-batches, model state and machine load):
 
-    r_t = T[t, mode] / T[t, local]        paired: the same step, model state and machine load
-    ratio     = median_t r_t
-    extra_ms  = median_t (T[t, mode] - T[t, local])
+    d_t = T[t, mode] - T[t, local]            the extra time
+    r_t = log(T[t, mode] / T[t, local])        the ratio, on a log scale
 
-Steps are correlated (load drifts over seconds), so the 95% confidence
-intervals come from a moving-block bootstrap: resample runs of `block`
-consecutive steps (block = n^(1/3), rounded), not single steps.
+Because each step's order is random, the sign of d_t is a fair coin under "the
+mode costs what local costs", whatever the load's correlation over time: the
+signed-rank test is exact, and the Hodges-Lehmann shift with the confidence
+interval that inverts it (`analysis.randomization`) says how much. `ratio` and
+`extra_ms` are those shifts of r_t (exponentiated) and d_t; `p_value` the
+test's, `p_holm` after Holm's correction over every arm of the job, so that on
+an unchanged machine the chance of any false verdict stays under 5 %.
 
-The null control: `fsdp_sum` and `scaled` issue exactly `local`'s collectives,
-so their ratio must be 1 and their CI must contain it. When it does, the null
-arms' CIs say what this machine can resolve: `resolution` is the farthest a
-null CI reaches from 1. A mode's overhead is stated only when the null control
-passes and its CI lies outside 1 +- resolution; otherwise it is "not
-resolvable on this machine". Beside each mode: the prediction from the floor,
-sum over kinds of (its loss all-reduces - local's) x the floor's median per
-call (floor.json), and whether the measured extra time's CI holds it.
+The null control: arms that do `local`'s work (`fsdp_sum`, `scaled`) must not
+be told apart from it. When every null arm holds (Holm p > 0.05), a mode is
+`resolved` when its Holm p <= 0.05, and its cost is stated with its CI;
+otherwise it is `not resolved` and its CI's upper end is stated as a bound ("at
+most +X ms"). When a null arm fails, the machine's noise is not under control
+and no cost is stated. Beside each mode: the floor's prediction, sum over kinds
+of (its loss all-reduces - local's) x the floor's median per call
+(floor.json), and whether the extra time's CI holds it.
 """
 
 from __future__ import annotations
@@ -30,35 +34,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.randomization import holm, signed_rank_shift
 from runner.modes import modes_where
 
 BASELINE = "local"
 NULL_MODES = tuple(modes_where(null_control=True))  # fsdp_sum, scaled: local's collectives, grad L
-RESAMPLES = 2000
 CONFIDENCE = 0.95
+LEVEL = 0.05  # family-wise, over the arms of one cost job (Holm)
+MIN_STEPS = 6  # below this the signed-rank test cannot reach the level at all
 
 COLUMNS = [
-    "job",
-    "world_size",
-    "sp",
-    "grad_accum",
-    "mode",
-    "role",
-    "steps",
-    "block",
-    "local_ms",
-    "ratio",
-    "ci_low",
-    "ci_high",
-    "extra_ms",
-    "extra_ci_low",
-    "extra_ci_high",
-    "resolution",
-    "verdict",
-    "predicted_extra_ms",
-    "floor_explains",
-    "extra_calls",
-]
+    "job", "world_size", "sp", "grad_accum", "mode", "role", "steps", "local_ms", "ratio", "ci_low", "ci_high",
+    "extra_ms", "extra_ci_low", "extra_ci_high", "p_value", "p_holm", "verdict", "predicted_extra_ms",
+    "floor_explains", "extra_calls",
+]  # fmt: skip
 
 
 def read_cost_job(job: Path) -> tuple[pd.DataFrame, dict, dict | None]:
@@ -76,50 +65,33 @@ def read_cost_job(job: Path) -> tuple[pd.DataFrame, dict, dict | None]:
     return times, collectives, floor
 
 
-def moving_blocks(n: int, block: int, rng: np.random.Generator, resamples: int = RESAMPLES) -> np.ndarray:
-    """[resample, n] step indices: ceil(n / block) runs of `block` consecutive steps, cut to n."""
-    starts = rng.integers(0, n - block + 1, size=(resamples, -(-n // block)))
-    return (starts[:, :, None] + np.arange(block)).reshape(resamples, -1)[:, :n]
-
-
-def block_length(n: int) -> int:
-    """The moving-block bootstrap's block for n correlated steps: n^(1/3), rounded."""
-    return max(1, round(n ** (1 / 3)))
-
-
-def paired_overheads(
-    times: pd.DataFrame, warmup_steps: int, seed: int = 0, confidence: float = CONFIDENCE, baseline: str = BASELINE
-) -> pd.DataFrame:
-    """Per arm: ratio and extra ms against `baseline` with block-bootstrap CIs (steps after `warmup_steps`)."""
+def paired_shifts(times: pd.DataFrame, warmup_steps: int, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """Per arm other than local: the Hodges-Lehmann ratio and extra ms against local on the same steps,
+    with CIs that invert the exact signed-rank test, and its p-value (steps after `warmup_steps`)."""
     steady = times[times.index > warmup_steps].dropna()
-    n = len(steady)
-    if baseline not in steady or n < 4:
-        return pd.DataFrame(columns=["mode", "steps", "block"])
-    block = block_length(n)
-    base = steady[baseline].to_numpy()
-    modes = [m for m in steady.columns if m != baseline]
-    arms = steady[modes].to_numpy()  # [step, mode]
-    ratios, extras = arms / base[:, None], arms - base[:, None]
-    index = moving_blocks(n, block, np.random.default_rng(seed))
-    boot_ratio = np.median(ratios[index], axis=1)  # [resample, mode]
-    boot_extra = np.median(extras[index], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(boot_ratio, [tail, 100 - tail], axis=0)
-    extra_low, extra_high = np.percentile(boot_extra, [tail, 100 - tail], axis=0)
-    return pd.DataFrame(
-        {
-            "mode": modes,
-            "steps": n,
-            "block": block,
-            "local_ms": np.median(base) * 1e3,
-            "ratio": np.median(ratios, axis=0),
-            "ci_low": low,
-            "ci_high": high,
-            "extra_ms": np.median(extras, axis=0) * 1e3,
-            "extra_ci_low": extra_low * 1e3,
-            "extra_ci_high": extra_high * 1e3,
-        }
-    )
+    if BASELINE not in steady or len(steady) < MIN_STEPS:
+        return pd.DataFrame(columns=["mode", "steps"])
+    base = steady[BASELINE].to_numpy()
+    rows = []
+    for mode in (m for m in steady.columns if m != BASELINE):
+        arm = steady[mode].to_numpy()
+        ratio = signed_rank_shift(np.log(arm / base), confidence)
+        extra = signed_rank_shift(arm - base, confidence)
+        rows.append(
+            {
+                "mode": mode,
+                "steps": len(steady),
+                "local_ms": np.median(base) * 1e3,
+                "ratio": np.exp(ratio.estimate),
+                "ci_low": np.exp(ratio.low),
+                "ci_high": np.exp(ratio.high),
+                "extra_ms": extra.estimate * 1e3,
+                "extra_ci_low": extra.low * 1e3,
+                "extra_ci_high": extra.high * 1e3,
+                "p_value": ratio.p_value,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _predictions(modes: pd.Series, collectives: dict, floor: dict | None) -> tuple[np.ndarray, list]:
@@ -136,44 +108,40 @@ def _predictions(modes: pd.Series, collectives: dict, floor: dict | None) -> tup
     return np.array(predicted), calls
 
 
-def judge(table: pd.DataFrame) -> pd.DataFrame:
-    """Role, resolution and verdict per mode of one cost job (see the module docstring)."""
+def judge(table: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """Role, Holm-corrected p-value and verdict per arm of one cost job (see the module docstring)."""
     table = table.copy()
     table["role"] = np.where(table["mode"].isin(NULL_MODES), "null control", "mode")
-    null = table[table["role"] == "null control"]
-    passes = len(null) > 0 and bool(((null["ci_low"] <= 1) & (null["ci_high"] >= 1)).all())
-    resolution = float(np.maximum(1 - null["ci_low"], null["ci_high"] - 1).max()) if len(null) else np.nan
-    table["resolution"] = resolution
-    outside = (table["ci_low"] > 1 + resolution) | (table["ci_high"] < 1 - resolution)
-    verdicts = np.where(outside, "resolved", "not resolvable on this machine")
-    if not len(null):
-        verdicts = np.full(len(table), "no null control")
-    elif not passes:
-        verdicts = np.full(len(table), "null control failed")
-    null_verdict = np.where((table["ci_low"] <= 1) & (table["ci_high"] >= 1), "null: contains 1", "null: excludes 1")
-    table["verdict"] = np.where(table["role"] == "null control", null_verdict, verdicts)
-    holds = (table["extra_ci_low"] <= table["predicted_extra_ms"]) & (
-        table["predicted_extra_ms"] <= table["extra_ci_high"]
-    )
-    above = table["extra_ci_low"] > table["predicted_extra_ms"]
+    table["p_holm"] = holm(table["p_value"].to_numpy())
+    null = table["role"] == "null control"
+    null_holds = table["p_holm"] > level
+    if not null.any():
+        modes = np.full(len(table), "no null control")
+    elif not null_holds[null].all():
+        modes = np.full(len(table), "null control failed")
+    else:
+        modes = np.where(null_holds, "not resolved", "resolved")
+    table["verdict"] = np.where(null, np.where(null_holds, "null: holds", "null: differs"), modes)
+    predicted = table["predicted_extra_ms"]
+    holds = (table["extra_ci_low"] <= predicted) & (predicted <= table["extra_ci_high"])
     table["floor_explains"] = np.select(
-        [table["predicted_extra_ms"].isna(), holds, above],
+        [predicted.isna(), holds, table["extra_ci_low"] > predicted],
         ["no floor", "yes", "no: more than the collectives"],
         default="no: less than the floor",
     )
     return table
 
 
-def cost_table(cost_jobs: pd.DataFrame, seed: int = 0, confidence: float = CONFIDENCE) -> pd.DataFrame:
+def cost_table(cost_jobs: pd.DataFrame, confidence: float = CONFIDENCE, level: float = LEVEL) -> pd.DataFrame:
     """cost.csv: one row per (cost job, mode other than local). `cost_jobs` holds `path` and config columns."""
     tables = []
     for _, job in cost_jobs.iterrows():
         times, collectives, floor = read_cost_job(Path(job["path"]))
-        table = paired_overheads(times, int(job.get("cost.warmup_steps", 5)), seed=seed, confidence=confidence)
+        table = paired_shifts(times, int(job.get("cost.warmup_steps", 5)), confidence=confidence)
         if table.empty:
             continue
         table["predicted_extra_ms"], table["extra_calls"] = _predictions(table["mode"], collectives, floor)
-        table = judge(table)
+        table = judge(table, level)
         for column in ("job", "world_size", "sp", "grad_accum"):
             table[column] = job[column]
         tables.append(table)

@@ -68,15 +68,41 @@ def is_cost_job(row: dict) -> bool:
     return bool(row.get("cost.modes"))
 
 
-def newest_sweep(root: Path = Path("multirun")) -> Path:
-    sweeps = sorted((p for p in root.glob("*") if (p / "multirun.yaml").exists()), key=lambda p: p.stat().st_mtime)
-    if not sweeps:
-        raise FileNotFoundError(f"no sweep under {root}/ (run `make run` first, or pass a sweep directory)")
-    return sweeps[-1]
+def newest_result(roots: tuple[Path, ...] = (Path("multirun"), Path("outputs"))) -> Path:
+    """The newest sweep (multirun/<date_time>) or single run (outputs/<date_time>), by modification time."""
+    found = [
+        path
+        for root in roots
+        if root.is_dir()
+        for path in root.iterdir()
+        if (path / "multirun.yaml").exists() or (path / "config.yaml").exists()
+    ]
+    if not found:
+        where = " or ".join(f"{root}/" for root in roots)
+        raise FileNotFoundError(f"no sweep or run under {where} (run `make run` first, or pass a directory)")
+    return max(found, key=lambda path: path.stat().st_mtime)
 
 
-def job_dirs(sweep: Path) -> list[Path]:
-    return sorted(p for p in sweep.iterdir() if (p / "config.yaml").exists())
+def job_dirs(path: Path) -> list[tuple[Path, Path]]:
+    """(the folder that names it, the job directory) of every job at `path`: a job directory itself
+    (it holds config.yaml), or a sweep's or run's folder with job directories in it. Hidden folders
+    (Hydra's .hydra/ holds a config.yaml too) are not jobs."""
+    if (path / "config.yaml").exists():
+        return [(path.parent, path)]
+    if not path.is_dir():
+        return []
+    children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [(path, child) for child in children if (child / "config.yaml").exists()]
+
+
+def not_a_result(path: Path) -> str | None:
+    """Why `path` cannot be analysed, or None."""
+    expected = "give a sweep directory (multirun/<date_time>), a run's (outputs/<date_time>) or a job's"
+    if not path.exists():
+        return f"{path} does not exist; {expected}"
+    if not path.is_dir():
+        return f"{path} is a file; {expected}"
+    return None
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:
@@ -183,9 +209,13 @@ def _read_metrics(paths: list[Path]) -> list[pa.Table | None]:
 
 
 def load_sweeps(sweeps: list[Path]) -> Sweeps:
-    jobs = [(sweep, job) for sweep in sweeps for job in job_dirs(sweep)]
+    """Every job at the given paths (sweeps, single runs or job directories), as `runs` and `steps`;
+    interleaved cost jobs apart, in `cost_jobs`."""
+    jobs = [job for sweep in sweeps for job in job_dirs(sweep)]
     if not jobs:
-        raise FileNotFoundError(f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}")
+        raise FileNotFoundError(
+            f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}; give a sweep, run or job directory"
+        )
     loaded = list(
         zip([_run_row(sweep, job) for sweep, job in jobs], _read_metrics([job / "metrics.jsonl" for _, job in jobs]))
     )
@@ -193,9 +223,7 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
         [{**row, "path": str(sweep / job.name)} for (row, _), (sweep, job) in zip(loaded, jobs) if is_cost_job(row)]
     )
     loaded = [(row, table) for row, table in loaded if not is_cost_job(row)]
-    if not loaded:
-        raise FileNotFoundError(f"no training jobs in {', '.join(map(str, sweeps))} (only cost measurements)")
-    runs = pd.DataFrame([row for row, _ in loaded])
+    runs = pd.DataFrame([row for row, _ in loaded], columns=RUN_COLUMNS if not loaded else None)
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
     steps = _steps_frame(runs["run"].tolist(), [table for _, table in loaded])

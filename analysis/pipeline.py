@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import plots
+from analysis import plots, plots_cost
 from analysis.background import Background
 from analysis.comm import comm_table
 from analysis.compare import Tolerances, measure, verdicts
@@ -24,10 +24,12 @@ from analysis.expected import expected_verdicts
 from analysis.groups import assign_groups
 from analysis.invariance import invariance, invariance_summary
 from analysis.load import load_sweeps
-from analysis.report import opening, write_report
+from analysis.report import opening
+from analysis.report_cost import interleaved_clause
 from analysis.report_rfc import rfc_answer
+from analysis.report_tables import training_sections, write_report
 from analysis.runs_parquet import write_runs_parquet
-from analysis.trainers import trainer_sentences, trainers_csv, trainers_table
+from analysis.trainers import trainer_sentences, trainers_csv, trainers_section, trainers_table
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
@@ -63,6 +65,7 @@ class Analysis:
     answer: str
     report: Path
     wandb_dir: Path | None
+    written: list[str]  # the files written into `out`
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
 
 
@@ -102,6 +105,8 @@ def _analyze(
     make_plots = background is not None
     out.mkdir(parents=True, exist_ok=True)
     loaded = load_sweeps(sweeps)
+    if loaded.runs.empty:
+        return _analyze_cost_only(sweeps, out, loaded, clock, make_plots, wandb_mode)
     runs = assign_groups(loaded.runs).reset_index(drop=True)
     clock("load")
     writer = ThreadPoolExecutor(max_workers=1)
@@ -137,9 +142,9 @@ def _analyze(
 
     other_pngs = []
     if plotting and comm["overhead_vs_local"].notna().any():
-        other_pngs.append(plots.comm_overhead(comm, out))
+        other_pngs.append(plots_cost.comm_overhead(comm, out))
     if plotting and len(cost):
-        other_pngs.append(plots.interleaved_cost(cost, out))
+        other_pngs.append(plots_cost.interleaved_cost(cost, out))
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
@@ -149,7 +154,8 @@ def _analyze(
     answer = opening(runs, table, comm, layout_summary, cost)
     for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
         answer += f"\n{extra}\n" if extra else ""
-    report = write_report(out, sweeps, answer, runs, table, comm, layout_table, pngs, tol, cost, floor, trainers)
+    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, tol)
+    report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
     clock("report")
     for drawn in curve_pngs:
         drawn.result()
@@ -164,4 +170,32 @@ def _analyze(
         tables["trainers"] = trainers_csv(trainers)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
-    return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, clock.timings)
+    written = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
+    written += ["cost.csv", "floor.csv"] if len(cost_jobs) else []
+    written += ["trainers.csv"] if len(trainers) else []
+    written += [p.name for p in pngs]
+    return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, written, clock.timings)
+
+
+def _analyze_cost_only(
+    sweeps: list[Path], out: Path, loaded, clock: _Clock, make_plots: bool, wandb_mode: str
+) -> Analysis:
+    """Interleaved cost jobs alone (`python -m runner experiment=cost`): their tables, plot and report section."""
+    cost_jobs = loaded.cost_jobs
+    cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
+    cost.to_csv(out / "cost.csv", index=False)
+    floor.to_csv(out / "floor.csv", index=False)
+    pngs = [plots_cost.interleaved_cost(cost, out)] if make_plots and len(cost) else []
+    clauses = [interleaved_clause(job) for _, job in cost.groupby("job", sort=False)]
+    answer = "## Answer\n\nNo training runs here, only the interleaved cost measurement: " + (
+        " Also, ".join(clauses) + ".\n"
+        if clauses
+        else "it holds too few steps to compare (4 after warm-up at least).\n"
+    )
+    report = write_report(out, sweeps, answer, [], pngs, cost, floor)
+    clock("cost only")
+    tables = {"cost": cost, "floor": floor}
+    wandb_dir = log_analysis(out, sweeps[0].name, cost_jobs, tables, pngs, report, resolve_mode(wandb_mode, cost_jobs))
+    written = ["report.md", "cost.csv", "floor.csv", *[p.name for p in pngs]]
+    empty = pd.DataFrame()
+    return Analysis(out, loaded.runs, empty, empty, empty, cost, answer, report, wandb_dir, written, clock.timings)

@@ -1,13 +1,9 @@
-"""PNG plots of a sweep's analysis (matplotlib, no display needed).
+"""The per-group PNG plots of an analysis (matplotlib, no display needed); the cost plots are in plots_cost.
 
-- loss_curves.png: the loss of every mode per comparison group, baseline dashed
+- loss_curves.png: the loss of every mode per comparison group, the baseline dashed
 - loss_difference.png: each run's loss minus its baseline's, per step
 - gradient_scale.png / gradient_direction.png: sketch scale k and cosine
   against the baseline per step (k = 1/W is a flat line for local/detached)
-- comm_overhead.png: loss all-reduces per step, and step time against `local`
-  from jobs run one after another (machine drift included: not the cost)
-- interleaved_cost.png: each mode's time against `local` on the same steps
-  (the cost the report states), with the null control's reach shaded
 
 One panel per comparison group, at most MAX_GROUPS of them (the report says
 when groups were left out).
@@ -16,6 +12,7 @@ when groups were left out).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -24,9 +21,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from runner.modes import COLOURS, MODES  # noqa: E402
+from analysis.figures import save, style_axes, widen_to  # noqa: E402
+from runner.modes import COLOURS  # noqa: E402
 
 MAX_GROUPS = 16
 COLORS = COLOURS  # one colour per mode, from the modes' facts
@@ -37,16 +34,17 @@ def plotted_groups(runs: pd.DataFrame) -> list[str]:
     return order["group"].tolist()[:MAX_GROUPS]
 
 
-# Panel and margin sizes in inches; the figure grows with the panel grid.
+# Panel and margin sizes in inches; the figure grows with the panel grid. LEFT and GAP hold a panel's
+# y label and tick labels (6 significant digits at most), BOTTOM the last row's x label and the legend.
 PANEL_W, PANEL_H = 4.2, 3.0
-LEFT, RIGHT, TOP, BOTTOM = 0.8, 0.2, 0.7, 0.9  # BOTTOM holds the last row's x label and the legend
+LEFT, RIGHT, TOP, BOTTOM, GAP = 1.05, 0.2, 0.7, 0.9, 0.95
 
 
 def _panels(count: int):
     """A grid of `count` panels, 4 wide at most, with fixed margins (tight_layout would draw it all twice)."""
     cols = min(count, 4)
     rows = math.ceil(count / cols)
-    width = LEFT + RIGHT + PANEL_W * cols + 0.6 * (cols - 1)
+    width = LEFT + RIGHT + PANEL_W * cols + GAP * (cols - 1)
     height = TOP + BOTTOM + PANEL_H * rows + 0.6 * (rows - 1)
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False, sharex=True)
     fig.subplots_adjust(
@@ -54,7 +52,7 @@ def _panels(count: int):
         right=1 - RIGHT / width,
         bottom=BOTTOM / height,
         top=1 - TOP / height,
-        wspace=0.6 / PANEL_W,
+        wspace=GAP / PANEL_W,
         hspace=0.6 / PANEL_H,
     )
     for ax in axes.flat[count:]:
@@ -62,20 +60,33 @@ def _panels(count: int):
     return fig, list(axes.flat)[:count]
 
 
-# The per-group figures: (curve in `measure`'s curves, file, title, y label), in report order.
+@dataclass(frozen=True)
+class CurveFigure:
+    curve: str  # a curve of `analysis.compare.measure`
+    file: str
+    title: str
+    ylabel: str
+    min_span: float  # the y range's least height: differences below it are drawn flat
+    caption: str  # under the figure in report.md
+
+
 CURVE_FIGURES = [
-    ("loss", "loss_curves.png", "Loss per comparison group (dashed: baseline)", "loss"),
-    ("loss_diff", "loss_difference.png", "Loss minus the baseline's loss", "Δ loss"),
+    CurveFigure("loss", "loss_curves.png", "Loss per comparison group", "loss", 0.0, "The baseline is dashed."),
+    CurveFigure(
+        "loss_diff", "loss_difference.png", "Loss minus the baseline's loss", "Δ loss", 1e-2,
+        "Differences under 0.01 are drawn flat (the curves match while |Δloss| <= 0.001 × the baseline's loss).",
+    ),
     # Step 1 is the clean factor (same parameters); later steps compare gradients
     # at parameters that have drifted apart unless the runs are equivalent.
-    ("sketch_scale", "gradient_scale.png", "Gradient scale k against the baseline (sketch)", "k"),
-    (
-        "sketch_cos",
-        "gradient_direction.png",
-        "Gradient direction: cosine with the baseline (after step 1, runs that train differently have drifted apart)",
-        "cosine",
+    CurveFigure(
+        "sketch_scale", "gradient_scale.png", "Gradient scale k against the baseline (sketch)", "k", 2e-3,
+        "Step 1 gives the clean factor (the same parameters); later, runs that train differently have drifted apart.",
     ),
-]
+    CurveFigure(
+        "sketch_cos", "gradient_direction.png", "Gradient direction: cosine with the baseline", "cosine", 2e-3,
+        "After step 1, runs that train differently have drifted apart, so their cosine falls for that reason too.",
+    ),
+]  # fmt: skip
 
 
 def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[tuple]:
@@ -84,7 +95,7 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     of 16 panels costs about a fifth of the drawing, and the forked process runs its jobs one after
     another anyway). The arguments are the plotted runs as plain Python objects and their curves as
     arrays, so that a forked process (analysis.background) can draw them without running Arrow code."""
-    figures = [figure for figure in CURVE_FIGURES if figure[0] in curves]
+    figures = [figure for figure in CURVE_FIGURES if figure.curve in curves]
     plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
     members = (
         runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]]
@@ -92,7 +103,7 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
         .reset_index(drop=True)
     )
     return (
-        [(draw_curve_figures, (members, {curve: curves[curve][plotted] for curve, *_ in figures}, figures, out))]
+        [(draw_curve_figures, (members, {f.curve: curves[f.curve][plotted] for f in figures}, figures, out))]
         if figures
         else []
     )
@@ -100,7 +111,7 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
 
 def curve_figure_paths(curves: dict[str, np.ndarray], out: Path) -> list[Path]:
     """The files `curve_figure_jobs` draws, in its order."""
-    return [out / name for curve, name, *_ in CURVE_FIGURES if curve in curves]
+    return [out / figure.file for figure in CURVE_FIGURES if figure.curve in curves]
 
 
 def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
@@ -109,7 +120,7 @@ def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pat
 
 
 def draw_curve_figures(
-    runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[tuple[str, str, str, str]], out: Path
+    runs: pd.DataFrame, curves: dict[str, np.ndarray], figures: list[CurveFigure], out: Path
 ) -> list[Path]:
     """`figures` (CURVE_FIGURES entries) drawn on one grid of panels, one figure after another.
 
@@ -122,10 +133,9 @@ def draw_curve_figures(
     for ax, group in zip(axes, groups):
         _style_panel(ax, runs.loc[runs["group"] == group, "group_label"].iloc[0])
     paths = []
-    for curve, name, title, ylabel in figures:
-        _draw_curves(fig, axes, runs, groups, curves[curve], title, ylabel)
-        fig.savefig(out / name, dpi=100)
-        paths.append(out / name)
+    for figure in figures:
+        _draw_curves(fig, axes, runs, groups, curves[figure.curve], figure)
+        paths.append(save(fig, out / figure.file))
     plt.close(fig)
     return paths
 
@@ -133,13 +143,10 @@ def draw_curve_figures(
 def _style_panel(ax, label: str) -> None:
     ax.set_title(label, fontsize=9, y=1.0)  # a fixed y skips matplotlib's costly automatic title placement
     ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    # Few ticks: every tick is a Text artist, and making them is most of a figure's cost.
-    ax.xaxis.set_major_locator(MaxNLocator(4))
-    ax.yaxis.set_major_locator(MaxNLocator(4))
+    style_axes(ax, integer_x=True)
 
 
-def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.ndarray, title: str, ylabel: str) -> None:
+def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.ndarray, figure: CurveFigure) -> None:
     """values[run, step] as one line per run in its group's panel (baseline dashed), in place of the last figure's."""
     for legend in fig.legends[:]:
         legend.remove()
@@ -150,88 +157,20 @@ def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.nd
         members = runs[runs["group"] == group]
         for row, run in members.iterrows():
             position = runs.index.get_loc(row)
-            style = "--" if run["run"] == run["baseline"] else "-"
+            baseline = run["run"] == run["baseline"]
             ax.plot(
                 steps,
                 values[position],
-                style,
+                "--" if baseline else "-",
                 color=COLORS.get(run["reduction"], "grey"),
                 lw=1.2,
-                label=run["reduction"],
+                label=f"{run['reduction']} (baseline)" if baseline else run["reduction"],
             )
         ax.relim()
-        ax.autoscale()  # the limits of these curves, computed when the figure is drawn
-        ax.set_ylabel(ylabel)
-    fig.suptitle(title, y=1 - 0.15 / fig.get_figheight(), va="top")  # a second call replaces the first
+        ax.autoscale()
+        widen_to(ax, figure.min_span)
+        ax.set_ylabel(figure.ylabel)
+    fig.suptitle(figure.title, y=1 - 0.15 / fig.get_figheight(), va="top")  # a second call replaces the first
     handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
     columns = min(len(handles), 3 * min(len(groups), 4))
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns, frameon=False, fontsize=9)
-
-
-def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
-    table = comm[comm["group"].isin(plotted_groups(comm))].sort_values(["group_label", "reduction"])
-    labels = table["group_label"].drop_duplicates().tolist()
-    modes = [m for m in MODES if m in set(table["reduction"])]
-    width = 0.8 / max(len(modes), 1)
-    fig, (calls_ax, time_ax) = plt.subplots(2, 1, figsize=(max(7, 1.6 * len(labels) + 2), 7), sharex=True)
-    x = np.arange(len(labels))
-    for i, mode in enumerate(modes):
-        one = table[table["reduction"] == mode].set_index("group_label").reindex(labels)
-        offset = x + (i - (len(modes) - 1) / 2) * width
-        calls_ax.bar(offset, one["loss_all_reduce_calls"], width, color=COLORS[mode], label=mode)
-        error = np.abs(one[["overhead_ci_low", "overhead_ci_high"]].to_numpy().T - one["overhead_vs_local"].to_numpy())
-        time_ax.bar(offset, one["overhead_vs_local"], width, yerr=error, color=COLORS[mode], capsize=2)
-    if table["loss_all_reduce_calls"].isna().all():
-        calls_ax.text(
-            0.5, 0.5, "not recorded (runs without loss_comm)", ha="center", va="center", transform=calls_ax.transAxes
-        )
-    calls_ax.set_ylabel("loss all-reduces / step")
-    fig.legend(
-        *calls_ax.get_legend_handles_labels(),
-        loc="upper center",
-        bbox_to_anchor=(0.5, 0.95),
-        ncol=min(len(modes), 6),
-        fontsize=8,
-        frameon=False,
-    )
-    time_ax.axhline(1.0, color="grey", lw=0.8)
-    time_ax.set_ylabel("step time / local's\n(sequential jobs: drift included)")
-    time_ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    for ax in (calls_ax, time_ax):
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Communication cost of each mode")
-    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.88, hspace=0.08)
-    path = out / "comm_overhead.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def interleaved_cost(cost: pd.DataFrame, out: Path) -> Path:
-    """Each mode's forward+backward time over `local`'s, per cost job, with the null band shaded."""
-    jobs = cost["job"].drop_duplicates().tolist()
-    fig, axes = plt.subplots(1, len(jobs), figsize=(4.8 * len(jobs) + 0.6, 3.6), squeeze=False)
-    for ax, job in zip(axes[0], jobs):
-        rows = cost[cost["job"] == job].set_index("mode")
-        modes = [m for m in MODES if m in rows.index]
-        one = rows.loc[modes]
-        error = np.abs(one[["ci_low", "ci_high"]].to_numpy().T - one["ratio"].to_numpy())
-        ax.bar(range(len(modes)), one["ratio"], yerr=error, color=[COLORS[m] for m in modes], capsize=3)
-        resolution = one["resolution"].iloc[0]
-        if np.isfinite(resolution):
-            ax.axhspan(1 - resolution, 1 + resolution, color="grey", alpha=0.2, label="null control's reach")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        low = min(one["ci_low"].min(), 1 - (resolution if np.isfinite(resolution) else 0))
-        ax.set_ylim(max(0, low - 0.05), max(one["ci_high"].max(), 1) + 0.05)
-        ax.set_xticks(range(len(modes)), modes, rotation=20, ha="right", fontsize=8)
-        layout = f"W={rows['world_size'].iloc[0]}, sp={rows['sp'].iloc[0]}, GA={rows['grad_accum'].iloc[0]}"
-        ax.set_title(f"{layout}: {int(rows['steps'].iloc[0])} paired steps", fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("fwd+bwd time / local's (95% CI)")
-    axes[0][0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Interleaved cost: each mode against local on the same steps")
-    fig.tight_layout()
-    path = out / "interleaved_cost.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -1,18 +1,14 @@
-"""report.md: the answer in plain words, generated from the numbers, then the tables and plots."""
+"""report.md's answer: what each mode does, in plain words generated from the numbers (the tables: report_tables)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.comm import WARMUP_STEPS
-from analysis.compare import NOT_RUN, Tolerances
+from analysis.compare import NOT_RUN
 from analysis.expected import SAME
-from analysis.plots import MAX_GROUPS
-from analysis.report_cost import cost_rows, interleaved_clause
-from analysis.trainers import is_trainer, trainers_section
+from analysis.report_cost import interleaved_clause
+from analysis.trainers import is_trainer
 from runner.modes import OVER_W, label_order, modes_where, with_extra_collectives
 
 
@@ -30,6 +26,16 @@ def _names(modes: list[str]) -> str:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _departure(rows: pd.DataFrame) -> str:
+    """Where these runs' loss curves leave the baseline's tolerance ("departs from step 12"), in words that
+    hold when some or none of them do."""
+    steps = rows["first_step_beyond"].dropna()
+    if steps.empty:
+        return "stays within tolerance of the baseline's"
+    where = f"departs from step {_range(steps, '.0f')}"
+    return where if len(steps) == len(rows) else f"{where} in {len(steps)}/{len(rows)} runs"
 
 
 def _curve_clause(rescaled: pd.DataFrame, optimizer: str) -> str:
@@ -53,10 +59,7 @@ def _curve_clause(rescaled: pd.DataFrame, optimizer: str) -> str:
         if clipped
         else " (no clipping)"
     )
-    return (
-        f"{curve} departs from step {_range(deviating['first_step_beyond'], '.0f')} and ends "
-        f"{_range(deviating['final_loss_diff'], '+.3g')} from the baseline{clipping}"
-    )
+    return f"{curve} {_departure(deviating)} and ends {_range(deviating['final_loss_diff'], '+.3g')} from the baseline{clipping}"
 
 
 def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
@@ -96,8 +99,8 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
         parts.append(
             f"a different gradient in {len(different)}/{len(compared)} runs (step-1 cosine "
             f"{_range(different['sketch_cos_step1'], '.4f')}, grad-norm ratio {_range(different['grad_norm_ratio_step1'], '.3f')}); "
-            f"its loss departs from step {_range(different['first_step_beyond'], '.0f')}, "
-            f"by up to {different['loss_max_abs_diff'].max():.3g}"
+            f"its loss curve {_departure(different)}, "
+            f"apart by up to {different['loss_max_abs_diff'].max():.3g}"
         )
     if counts.get("failed", 0):
         failed = compared[compared["verdict"] == "failed"]
@@ -117,7 +120,9 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
         rows = multi[multi["reduction"].isin(modes)]
         return len(rows) > 0 and bool(test(rows).all())
 
-    over_w, correct = modes_where(gradient=OVER_W), modes_where(role="correct alternative")
+    ran = set(multi["reduction"])  # name only the modes these runs hold
+    over_w = [m for m in modes_where(gradient=OVER_W) if m in ran]
+    correct = [m for m in modes_where(role="correct alternative") if m in ran]
     without = all_are(
         over_w, lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3)
     )
@@ -162,8 +167,8 @@ def _cost_sentence(comm: pd.DataFrame, cost: pd.DataFrame) -> str:
         if not calls:
             return ""
         return (
-            f"Cost: {calls}. Their time cost is not measured in this sweep: step times of jobs run one after another "
-            "differ by machine load as much as by mode (`python -m runner experiment=cost` measures it interleaved)."
+            f"Cost: {calls}. Their time cost is not measured here: step times of jobs run one after another "
+            'differ by machine load as much as by mode ("Cost, measured interleaved" below says how to measure it).'
         )
     clauses = [interleaved_clause(job) for _, job in cost.groupby("job", sort=False)]
     return "Cost: " + (calls + ". Time, " if calls else "time, ") + " Also, ".join(clauses) + "."
@@ -211,108 +216,3 @@ def opening(
         if extra:
             lines += ["", extra]
     return "\n".join(lines) + "\n"
-
-
-def _table(frame: pd.DataFrame, empty: str = "(none)") -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g", missingval="") if len(frame) else empty
-
-
-def _by_mode(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows by group, then in the modes' order (sum first, the negative control last)."""
-    order = frame["reduction"].map(label_order)
-    return frame.assign(_order=order).sort_values(["group_label", "_order"]).drop(columns="_order")
-
-
-def write_report(
-    out: Path,
-    sweeps: list[Path],
-    answer: str,
-    runs: pd.DataFrame,
-    verdicts: pd.DataFrame,
-    comm: pd.DataFrame,
-    invariance: pd.DataFrame,
-    plots: list[Path],
-    tol: Tolerances,
-    cost: pd.DataFrame | None = None,
-    floor: pd.DataFrame | None = None,
-    trainers: pd.DataFrame | None = None,
-) -> Path:
-    """report.md: `answer` (the `opening` of these tables, which the caller has already), then the tables and plots."""
-    verdict_columns = {
-        "group_label": "group",
-        "reduction": "mode",
-        "verdict_text": "verdict",
-        "expected": "expected",
-        "sketch_cos_step1": "cos@1",
-        "factor": "scale@1",
-        "grad_norm_ratio_median": "|g| ratio (median)",
-        "loss_max_abs_diff": "max |Δloss|",
-        "final_loss_diff": "final Δloss",
-        "first_step_beyond": "departs at",
-        "clip_active_frac": "clipped",
-    }
-    ordered = _by_mode(verdicts)
-    not_ok = runs[runs["status"] != "completed"]
-    groups = runs["group"].nunique()
-    sections = [
-        f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}",
-        "",
-        answer,
-        "## Verdicts",
-        "",
-        _table(ordered[list(verdict_columns)].rename(columns=verdict_columns)),
-        "",
-        f"Tolerances: loss curves match while |Δloss| <= {tol.loss_rtol:g} × the baseline's loss; "
-        f"the direction is the same while 1 - cos <= {tol.cos_tol:g} (gradient sketch at step 1); "
-        f"the scale is unchanged while |k - 1| <= {tol.scale_rtol:g}. Every number and its reason: verdicts.csv.",
-        "",
-        *trainers_section(trainers),
-        "## Runs that did not complete",
-        "",
-        _table(not_ok[["run", "status", "steps_done", "diverged_at", "error"]]),
-        "",
-        "## Invariance to the layout",
-        "",
-        _table(
-            invariance.drop(columns=["family"]) if invariance["family"].nunique() <= 1 else invariance,
-            "(every config ran in one layout: sweep world_size, sp or grad_accum to see this)",
-        ),
-        "",
-        "## Communication per step",
-        "",
-        _table(_by_mode(comm).drop(columns=["group", "status", "layout", "world_size", "sp", "grad_accum"])),
-        "",
-        "Loss all-reduces: those of forward/backward (the valid-token count N and the mode's own), counted "
-        "exactly on the sampled steps. Latency: the counter's issue-to-completion time, which includes waiting "
-        "for the slowest peer (peer skew: the spread of the ranks' arrival at the step's first collective), "
-        "so it is not a collective's own cost (see the floor below). Step time: the world's (slowest rank's), "
-        f"mean over the steps after the first {WARMUP_STEPS}, against the matching `local` runs. Those ran as "
-        "other jobs, minutes apart: the ratio holds machine drift, which its CI (over steps) does not cover, "
-        "and the report states no cost from it.",
-        "",
-        "## Cost, measured interleaved",
-        "",
-        _table(
-            cost_rows(cost),
-            "(no interleaved cost job in this sweep: `python -m runner experiment=cost`, or `make run`, measures it)",
-        ),
-        "",
-        "Each step ran every mode on the same micro-batches and model state, in a random order, each after a "
-        "barrier; a mode's time is the slowest rank's forward+backward. ratio: median over steps of its time "
-        "over `local`'s on the same step; extra: median paired difference; 95% CIs from a moving-block "
-        "bootstrap (blocks of `block` steps). `fsdp_sum` and `scaled` do `local`'s work: their CIs must hold 1, "
-        "and how far they reach from it is what the measurement can resolve.",
-        "",
-        "Floor: a scalar all-reduce timed alone after a barrier (slowest rank, per call):",
-        "",
-        _table(floor if floor is not None else pd.DataFrame(), "(not measured)"),
-        "",
-        "## Plots",
-        "",
-        *[f"![{p.stem}]({p.name})" for p in plots],
-    ]
-    if groups > MAX_GROUPS:
-        sections += ["", f"The plots show the first {MAX_GROUPS} of {groups} groups; the tables hold all of them."]
-    path = out / "report.md"
-    path.write_text("\n".join(sections) + "\n")
-    return path

@@ -177,11 +177,15 @@ def write_cost_job(
     seed: int = 0,
     world_size: int = 2,
     grad_accum: int = 2,
+    load: np.ndarray | None = None,
+    first_arm_penalty: float = 0.0,
 ) -> Path:
     """An interleaved cost job (runner.measure.cost's files) whose arms take `ratios[mode]` x local's time.
 
     Every step has its own load factor (1, or 3 from `drift_from` on, as when another
-    process starts), shared by all arms of that step; each arm adds its own noise.
+    process starts; or `load[step - 1]`), shared by all arms of that step; each arm adds
+    its own noise. The arms run in a random order each step, as the runner's do, and the
+    one that runs first takes `first_arm_penalty` longer (a cold cache, say).
     """
     job.mkdir(parents=True)
     modes = ["local", *ratios]
@@ -201,16 +205,21 @@ def write_cost_job(
     collectives["sum"] = {"plain": 1, "functional": 0, "differentiable": grad_accum}
     with (job / "metrics.jsonl").open("w") as out:
         for step in range(1, steps + 1):
-            load = 3.0 if drift_from is not None and step >= drift_from else 1.0
+            factor = (
+                load[step - 1] if load is not None else 3.0 if drift_from is not None and step >= drift_from else 1.0
+            )
+            order = [modes[i] for i in rng.permutation(len(modes))]
             times = {
-                m: local_s * load * {"local": 1.0, **ratios}[m] * (1 + noise * rng.standard_normal()) for m in modes
-            }
+                m: local_s * factor * {"local": 1.0, **ratios}[m] * (1 + noise * rng.standard_normal())
+                * (1 + first_arm_penalty * (m == order[0]))
+                for m in modes
+            }  # fmt: skip
             record = {
                 "step": step,
                 "loss": 3.0,
                 "grad_norm": 1.0,
                 "cost_s": times,
-                "cost_order": modes,
+                "cost_order": order,
                 "loss_collectives": collectives if step == 1 else None,
             }
             out.write(json.dumps(record) + "\n")

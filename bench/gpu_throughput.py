@@ -14,10 +14,11 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
-from runner.model.decoder import llama_ffn_hidden
+from runner.config import ffn_width
 
 # Dense bf16 tensor-core peaks (TFLOP/s), from the vendors' data sheets (SXM parts).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "L4": 121.0}
@@ -26,7 +27,7 @@ WARMUP_STEPS = 5
 
 def flops_per_token(model: dict, seq_len: int) -> float:
     d, layers, vocab = model["d_model"], model["n_layers"], model["vocab_size"]
-    ffn = model["ffn_hidden"] or llama_ffn_hidden(d)
+    ffn = ffn_width(SimpleNamespace(**model))
     per_layer = 4 * d * d + 3 * d * ffn  # attention projections, SwiGLU
     matmul_params = layers * per_layer + d * vocab  # the head is a matmul per token; the embedding is a lookup
     return 6 * matmul_params + 12 * layers * d * seq_len

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(quick: bool) -> tuple[str, str, str]:
-    args = ["ARGS=train.steps=3 wandb.mode=disabled"] if quick else []
+    args = ["ARGS=train.steps=6 wandb.mode=disabled"] if quick else []
     started = time.perf_counter()
     done = subprocess.run(["make", "run", *args], cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -24,7 +24,8 @@ def run(quick: bool) -> tuple[str, str, str]:
     sweep = done.stdout.strip().splitlines()[-1]
     body = f"""
 `make run` {" ".join(args)} in the repository, setup already done: the default sweep (six modes, W=2, GA=2, 60 steps),
-then `experiment=cost` (150 interleaved steps of six modes) into the same sweep, then its analysis.
+then `experiment=cost` (225 interleaved steps of sum, local, detached and fsdp_sum) into the same sweep, then its
+analysis.
 
 **Wall time: {wall:.0f} s (goal <= {GOAL_S:.0f} s: {"met" if wall <= GOAL_S else "NOT met"}).** Last line: `{sweep}`
 """

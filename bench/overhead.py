@@ -3,8 +3,9 @@
 Each grad_accum is one interleaved cost job (`runner.measure.cost`, `experiment=cost`):
 every step runs sum, local, detached, fsdp_sum and scaled on the same
 micro-batches in a random order, each after a barrier. The figures are
-`analysis.cost`'s: paired per-step ratios with moving-block-bootstrap 95% CIs,
-the null control (fsdp_sum, scaled), and the floor's prediction.
+`analysis.cost`'s: Hodges-Lehmann shifts against local on the same steps with the
+95% CIs of the exact signed-rank test, Holm-corrected verdicts, the null control
+(fsdp_sum, scaled), and the floor's prediction.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def run(quick: bool) -> tuple[str, str, str]:
         "extra_ms",
         "extra_ci_low",
         "extra_ci_high",
+        "p_holm",
         "verdict",
         "extra_calls",
         "predicted_extra_ms",
@@ -65,9 +67,9 @@ def run(quick: bool) -> tuple[str, str, str]:
     ]
     body = f"""
 Tiny model, W=2 gloo ranks, `experiment=cost` with cost.modes={MODES}, {steps} steps per job (the first 5 left
-out), one job per grad_accum. ratio: median over steps of the mode's forward+backward time over `local`'s on the
-same step; extra: median paired difference (ms); CIs: 95% moving-block bootstrap. The floor predicts
-`extra calls x floor median`.
+out), one job per grad_accum. ratio and extra (ms): the Hodges-Lehmann shifts of the mode's forward+backward time
+against `local`'s on the same steps; CIs: 95%, inverting the exact signed-rank test; verdicts Holm-corrected within
+each job. The floor predicts `extra calls x floor median`.
 
 {cost[columns].to_markdown(index=False, floatfmt=".3f")}
 

@@ -1,4 +1,4 @@
-"""bench/RESULTS.md: one section per benchmark (B1..B8), each with its machine, date and command.
+"""bench/RESULTS.md: one section per benchmark (B1..B10), each with its machine, date and command.
 
 Running some benchmarks replaces their sections and keeps the others, so the
 file always holds the latest figure of each and how it was made.
@@ -15,7 +15,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "RESULTS.md"
 HEADER = """# Benchmark results
 
-`make bench` (or `python -m bench [b1 .. b8]`) writes this file, one section per
+`make bench` (or `python -m bench [b1 .. b10]`) writes this file, one section per
 benchmark. Every figure is a ratio or a time measured within one invocation;
 absolute times depend on the machine and its load, so each section names both.
 """
@@ -46,10 +46,10 @@ def write(sections: dict[str, str], path: Path = RESULTS) -> Path:
     """Replace the sections named in `sections` (by key, e.g. "B1"), keep the rest, in key order."""
     kept: dict[str, str] = {}
     if path.exists():
-        for block in re.split(r"(?m)^(?=## B\d\. )", path.read_text()):
-            match = re.match(r"## (B\d)\. ", block)
+        for block in re.split(r"(?m)^(?=## B\d+\. )", path.read_text()):
+            match = re.match(r"## (B\d+)\. ", block)
             if match:
                 kept[match.group(1)] = block.strip() + "\n"
     kept.update(sections)
-    path.write_text(HEADER + "\n" + "\n".join(kept[key] for key in sorted(kept)))
+    path.write_text(HEADER + "\n" + "\n".join(kept[key] for key in sorted(kept, key=lambda key: int(key[1:]))))
     return path

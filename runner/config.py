@@ -8,6 +8,8 @@ ranges) live in `runner.sweep.validate`.
 
 from __future__ import annotations
 
+import hashlib
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -17,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from runner.modes import AutogradAllReduce, Reduction
+from runner.ranges import ranged
 from runner.record.config_file import write_config_copy
 
 
@@ -62,16 +65,23 @@ class Device(str, Enum):
 class ModelConfig:
     name: str = "tiny"
     arch: Architecture = Architecture.decoder
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
+    n_layers: int = ranged(2, ge=1)
+    d_model: int = ranged(64, ge=2)
+    n_heads: int = ranged(4, ge=1)
     # SwiGLU hidden width; null means the Llama rule (2/3 * 4 * d_model, rounded up to 32).
-    ffn_hidden: Optional[int] = None
-    vocab_size: int = 256
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    ffn_hidden: Optional[int] = ranged(None, ge=1)
+    vocab_size: int = ranged(256, ge=1)
+    rope_theta: float = ranged(10000.0, gt=1, why="RoPE's base wavelength")
+    norm_eps: float = ranged(1e-5, gt=0, lt=1)
+    init_std: float = ranged(0.02, gt=0, le=1, why="the weights' standard deviation at init")
     tie_embeddings: bool = False  # the output head reuses the token embedding (GPT-2 style)
+
+
+def ffn_width(model: ModelConfig) -> int:
+    """The SwiGLU hidden width: model.ffn_hidden, else the Llama rule (2/3 of 4 * d_model, up to a multiple of 32)."""
+    if model.ffn_hidden:
+        return model.ffn_hidden
+    return 32 * math.ceil(int(2 * 4 * model.d_model / 3) / 32)
 
 
 @dataclass
@@ -89,22 +99,23 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name: OptimizerName = OptimizerName.adamw
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    momentum: float = 0.0  # sgd only
-    clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged); negative is refused
-    warmup_steps: int = 0
+    lr: float = ranged(3e-3, gt=0)
+    weight_decay: float = ranged(0.0, ge=0)
+    beta1: float = ranged(0.9, ge=0, lt=1, why="Adam's first-moment decay")
+    beta2: float = ranged(0.95, ge=0, lt=1, why="Adam's second-moment decay")
+    eps: float = ranged(1e-8, gt=0, why="Adam divides by sqrt(v) + eps")
+    momentum: float = ranged(0.0, ge=0, lt=1, why="SGD's momentum")  # sgd only
+    # Max global grad norm; 0 disables clipping (the norm is still logged).
+    clip: float = ranged(1.0, ge=0, why="the max grad norm; 0 disables clipping")
+    warmup_steps: int = ranged(0, ge=0)
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 60
-    global_batch: int = 16  # sequences per optimizer step, over all ranks and micro-batches
-    seq_len: int = 128
-    log_every: int = 10
+    steps: int = ranged(60, ge=1)
+    global_batch: int = ranged(16, ge=1)  # sequences per optimizer step, over all ranks and micro-batches
+    seq_len: int = ranged(128, ge=1)
+    log_every: int = ranged(10, ge=1)
 
 
 @dataclass
@@ -115,24 +126,26 @@ class WandbConfig:
     # Steps between the records charted in W&B (and step 1 and a job's last step always):
     # like torchtitan's metrics.log_freq. metrics.jsonl holds every step regardless; each
     # W&B record costs about 2 ms of CPU (the service and the hand-off), 2% of a tiny step.
-    log_every: int = 10
+    log_every: int = ranged(10, ge=1)
 
 
 @dataclass
 class MetricsConfig:
     # Random projections of the full gradient logged per step; 0 disables.
-    sketch_dim: int = 8
+    sketch_dim: int = ranged(
+        8, ge=0, le=1024, why="0 disables; each projection costs one model's worth of float64 per rank"
+    )
     # Fixed apart from `seed`, so that sketches of different runs compare.
-    sketch_seed: int = 1234
+    sketch_seed: int = ranged(1234, ge=0, lt=2**32)
     # Count collectives (a torch dispatch mode: one Python call per dispatched op) on a
     # sample of steps: the first `count_first`, every `count_every`-th and the last.
     # Calls and bytes are the same every step; count_every=1 counts every step.
     count_comm: bool = True
-    count_first: int = 3
-    count_every: int = 100
+    count_first: int = ranged(3, ge=0)
+    count_every: int = ranged(100, ge=1, why="1 counts every step")
     # Steps between the all-gathers that give the world's step times, skews and
     # sketches; rank 0 writes their records then (one collective per 10 steps, not per step).
-    gather_every: int = 10
+    gather_every: int = ranged(10, ge=1, why="1 gathers every step")
 
 
 def counted_step(step: int, steps: int, metrics: MetricsConfig | DictConfig) -> bool:
@@ -154,16 +167,16 @@ class FaultConfig:
     # Fault injection for testing the runner's failure handling: `kind` on rank
     # `rank` at the start of optimizer step `step` (after its gradients, for nan).
     kind: str = "none"  # one of FAULT_KINDS
-    rank: int = 0
-    step: int = 1
+    rank: int = ranged(0, ge=0)
+    step: int = ranged(1, ge=1)
 
 
 @dataclass
 class DistConfig:
     # A collective that waits longer than this fails (a dead or hung peer)
     # instead of blocking the job until timeout_s.
-    timeout_s: float = 300.0
-    # Run more CPU ranks than runner.sweep.validate.CPU_RANKS_PER_CORE x this machine's cores.
+    timeout_s: float = ranged(300.0, gt=0, le=10**7)
+    # Run more CPU ranks than runner.sweep.machine.CPU_RANKS_PER_CORE x this machine's cores.
     oversubscribe: bool = False
 
 
@@ -174,9 +187,9 @@ class CostConfig:
     # (the baseline) and `reduction`; `fsdp_sum` and `scaled` are the null controls.
     modes: list[Reduction] = field(default_factory=list)
     # Steps left out of every cost figure (allocator and thread-pool warm-up).
-    warmup_steps: int = 5
+    warmup_steps: int = ranged(5, ge=0)
     # Calls per kind in the collective-floor microbenchmark at the job's start; 0 skips it.
-    floor_calls: int = 1000
+    floor_calls: int = ranged(1000, ge=0, le=100_000, why="0 skips the floor; a median needs no more")
 
 
 class FsdpReduce(str, Enum):
@@ -202,13 +215,13 @@ class RunConfig:
     # The differentiable all-reduce of the modes that have one in the graph (sum): funcol, torch_nn or
     # identity (`runner.modes.ALL_REDUCE_SENTENCE`); the other modes ignore it.
     autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol
-    world_size: int = 2
-    sp: int = 1  # sequence-parallel (Ulysses) degree; dp = world_size / sp
-    grad_accum: int = 1
-    seed: int = 0
+    world_size: int = ranged(2, ge=1, le=2**20)
+    sp: int = ranged(1, ge=1)  # sequence-parallel (Ulysses) degree; dp = world_size / sp
+    grad_accum: int = ranged(1, ge=1)
+    seed: int = ranged(0, ge=0, lt=2**32)
     device: Device = Device.auto
     # A job whose ranks have not all finished after this many seconds is killed.
-    timeout_s: float = 1800.0
+    timeout_s: float = ranged(1800.0, gt=0, le=10**7)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -231,9 +244,19 @@ def tasks_per_node_for(world_size: int, gpus_per_node: int) -> int:
     return min(int(world_size), int(gpus_per_node))
 
 
+def job_dirname(overrides: str, limit: int = 150) -> str:
+    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): path separators become
+    underscores, and a name longer than `limit` keeps its start and gets a hash of the whole, so it stays unique."""
+    name = overrides.replace("/", "_").replace("\\", "_")
+    if len(name) <= limit:
+        return name
+    return f"{name[:limit]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="run_schema", node=RunConfig)
-    for name, resolver in {"runner_nodes": nodes_for, "runner_tasks_per_node": tasks_per_node_for}.items():
+    resolvers = {"runner_nodes": nodes_for, "runner_tasks_per_node": tasks_per_node_for, "runner_dirname": job_dirname}
+    for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
 
@@ -242,6 +265,9 @@ def run_config_from(cfg: DictConfig) -> DictConfig:
     """The job's own config (Hydra's node removed), resolved and typed."""
     plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     plain.pop("hydra", None)
+    data = plain.get("data") or {}
+    if data.get("path") is not None and data.get("name") == "embedded":
+        data["name"] = "text"  # `data.path=...` alone reads the user's text, and config.yaml says so
     return OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
 
 

@@ -8,11 +8,13 @@ evenly over sp.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def _near_multiples(value: int, of: int) -> str:

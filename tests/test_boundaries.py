@@ -4,8 +4,8 @@
   imports torch: a sweep's launching process stays light, and bad input is
   refused in about a second.
 - The analysis reads the runner's output through the record side only
-  (`runner.record`, plus the torch-free schema it is written in: `runner.config`,
-  `runner.modes`, `runner.layout`), and never imports torch.
+  (`runner.record`, plus the torch-free schema it is written in: `runner.config`
+  with its ranges, `runner.modes`, `runner.layout`), and never imports torch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import runner.sweep
 
 SWEEP_SIDE = ["runner.__main__"] + [info.name for info in pkgutil.walk_packages(runner.sweep.__path__, "runner.sweep.")]
 ANALYSIS = sorted(info.name for info in pkgutil.walk_packages(analysis.__path__, "analysis."))
-RECORD_SIDE = ("runner.record", "runner.config", "runner.modes", "runner.layout")
+RECORD_SIDE = ("runner.record", "runner.config", "runner.ranges", "runner.modes", "runner.layout")
 
 PROBE = """
 import importlib, json, sys

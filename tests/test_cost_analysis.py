@@ -1,4 +1,5 @@
-"""The cost figures on synthetic data with known answers: pairing, the block bootstrap, the null control."""
+"""The cost figures on synthetic data with known answers: pairing, the exact randomisation test and its CI,
+Holm's correction, the null control; and B1's block bootstrap."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.bootstrap import moving_blocks, paired_overheads
 from analysis.comm import comm_table
-from analysis.cost import cost_table, moving_blocks, paired_overheads
+from analysis.cost import cost_table
 from analysis.groups import assign_groups
 from analysis.load import load_sweeps
 from analysis.pipeline import analyze
@@ -47,10 +49,10 @@ def test_paired_measurement_recovers_overheads_through_a_load_change(tmp_path):
     rows = table.set_index("mode")
     for null in ("fsdp_sum", "scaled"):
         assert rows.loc[null, "role"] == "null control"
-        assert rows.loc[null, "ci_low"] <= 1 <= rows.loc[null, "ci_high"]
+        assert rows.loc[null, "ci_low"] <= 1 <= rows.loc[null, "ci_high"] and rows.loc[null, "verdict"] == "null: holds"
     assert rows.loc["sum", "ci_low"] <= 1.08 <= rows.loc["sum", "ci_high"]
     assert rows.loc["sum", "verdict"] == "resolved"
-    assert rows.loc["detached", "verdict"] == "not resolvable on this machine"
+    assert rows.loc["detached", "verdict"] == "not resolved"
     # The floor: sum adds 2 differentiable pairs (1 ms each) and drops a functional one (0.2 ms).
     assert rows.loc["sum", "predicted_extra_ms"] == pytest.approx(2 * 1.0 - 0.2)
     assert rows.loc["sum", "extra_calls"] == "-1 functional, +2 differentiable"
@@ -62,7 +64,7 @@ def test_a_null_control_that_excludes_one_withholds_every_cost(tmp_path):
     job = write_cost_job(tmp_path / "cost", {"sum": 1.2, "fsdp_sum": 1.05, "scaled": 1.0}, noise=0.01)
     table = cost_table(pd.DataFrame([{"path": str(job), "job": "cost", "world_size": 2, "sp": 1, "grad_accum": 2}]))
     rows = table.set_index("mode")
-    assert rows.loc["fsdp_sum", "verdict"] == "null: excludes 1"
+    assert rows.loc["fsdp_sum", "verdict"] == "null: differs"
     assert rows.loc["sum", "verdict"] == "null control failed"
 
 
@@ -87,8 +89,34 @@ def test_report_states_the_interleaved_cost_with_its_null_control(tmp_path):
     result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=True)
     assert len(result.runs) == 2  # the cost job is not a run to compare
     assert (sweep / "analysis" / "cost.csv").exists() and (sweep / "analysis" / "interleaved_cost.png").exists()
-    assert "the null control passes (`fsdp_sum` " in result.answer
-    assert (
-        "`sum` takes +2." in result.answer
-        and "`detached`'s overhead is not resolvable on this machine" in result.answer
-    )
+    assert "the null control holds (`fsdp_sum` " in result.answer
+    assert "`sum` costs +2." in result.answer and "`detached` costs at most +" in result.answer
+
+
+def correlated_load(steps: int, rng: np.random.Generator) -> np.ndarray:
+    """A load factor that wanders over tens of steps (AR(1), correlation 0.95 step to step) and jumps once."""
+    walk = np.zeros(steps)
+    for t in range(1, steps):
+        walk[t] = 0.95 * walk[t - 1] + 0.05 * rng.standard_normal()
+    return np.exp(walk) * np.where(np.arange(steps) >= steps // 2, 2.0, 1.0)
+
+
+def test_the_exact_test_keeps_its_level_and_its_ci_covers_under_correlated_load(tmp_path):
+    """200 synthetic cost jobs with correlated load, a cold first arm and heavy noise: the null arms are told
+    apart from local in about 5 % of the jobs (Holm: any of them), and the CI of a 3 % cost holds 1.03 in
+    about 95 %."""
+    rng = np.random.default_rng(7)
+    false_alarms, covered, resolved, jobs = 0, 0, 0, 200
+    for draw in range(jobs):
+        job = write_cost_job(
+            tmp_path / f"cost{draw}", {"sum": 1.03, "fsdp_sum": 1.0, "scaled": 1.0}, steps=120, noise=0.05,
+            seed=draw, load=correlated_load(120, rng), first_arm_penalty=0.1,
+        )  # fmt: skip
+        frame = pd.DataFrame([{"path": str(job), "job": "c", "world_size": 2, "sp": 1, "grad_accum": 2}])
+        rows = cost_table(frame).set_index("mode")
+        false_alarms += (rows.loc[["fsdp_sum", "scaled"], "verdict"] == "null: differs").any()
+        covered += rows.loc["sum", "ci_low"] <= 1.03 <= rows.loc["sum", "ci_high"]
+        resolved += rows.loc["sum", "verdict"] == "resolved"
+    assert false_alarms / jobs <= 0.08  # at most 5 % in expectation (Holm), with room for 200 draws' chance
+    assert 0.90 <= covered / jobs <= 0.99  # 95 % CIs, per comparison
+    assert resolved / jobs >= 0.7  # and a 3 % cost is found in most jobs of 120 steps despite 5 % noise

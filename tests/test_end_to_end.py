@@ -263,6 +263,8 @@ def test_joins_a_torchrun_world_instead_of_spawning(tmp_path):
     assert info["status"] == "completed" and info["steps_done"] == 3
     assert info["wall_s"]["launch"] is None  # torchrun launched it, not us
     assert not (tmp_path / "run" / "logs").exists()  # nothing was spawned
+    assert "run DP(2)-SP(1)-GA(2)" in done.stdout + done.stderr and "completed in" in done.stdout + done.stderr
+    assert "completed in" in (tmp_path / "run" / "runner.log").read_text()  # the job's log holds its outcome
 
 
 def test_analysis_of_a_real_sweep_passes_check_and_catches_a_corrupted_run(sweep, tmp_path):

@@ -51,7 +51,8 @@ def test_a_signal_stops_every_rank_and_a_rerun_finishes_the_rest(tmp_path, sig):
         pytest.fail("the long job never started: " + runner.communicate()[0])
     runner.send_signal(sig)
     output = runner.communicate(timeout=60)[0]
-    assert runner.returncode != 0, output
+    assert runner.returncode == 128 + sig, output  # as a shell reports a process the signal stopped
+    assert "Traceback" not in output and f"sweep interrupted by {sig.name}: completed 1, failed 1" in output, output
     time.sleep(0.5)
     assert rank_processes(str(sweep)) == []  # no orphan rank
     jobs = job_dirs(sweep)
@@ -66,3 +67,22 @@ def test_a_signal_stops_every_rank_and_a_rerun_finishes_the_rest(tmp_path, sig):
     assert "skipped, completed earlier" in rerun.stdout + rerun.stderr  # job 0 was not run again
     again = json.loads((jobs[1] / "summary.json").read_text())
     assert again["status"] == "completed" and again["steps_done"] == LONG_STEPS
+
+
+def test_a_second_sigint_right_after_the_first_cannot_lose_the_record(tmp_path):
+    """Ctrl-C pressed twice: the job still ends with its summary.json, and no traceback."""
+    command = [sys.executable, "-m", "runner", f"train.steps={LONG_STEPS}", "wandb.mode=disabled", "hydra.run.dir=run"]
+    runner = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    runner.send_signal(signal.SIGINT)
+    output = runner.communicate(timeout=60)[0]
+    assert runner.returncode == 130, output
+    assert "Traceback" not in output and "run interrupted by SIGINT" in output, output
+    info = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert info["status"] == "failed" and info["interrupted"] and "recorded step(s), which are kept" in info["error"]
+    assert rank_processes(str(tmp_path)) == []

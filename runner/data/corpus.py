@@ -32,9 +32,26 @@ def paragraphs(text: str) -> list[str]:
     return [part.strip() for part in _PARAGRAPH_BREAK.split(text) if part.strip()]
 
 
+def read_text(file: Path, given: str | Path) -> str:
+    """A file's text, refused unless it is UTF-8 without NUL bytes (a binary file named .txt, say):
+    the message names the file and the first offending byte's offset."""
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CorpusError(
+            f"data.path={given}: {file} is not UTF-8 text (byte {error.start}: {raw[error.start : error.start + 1]!r}); "
+            "give text files, or convert this one to UTF-8"
+        ) from None
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise CorpusError(f"data.path={given}: {file} holds a NUL byte at byte {nul}: it is not text")
+    return text
+
+
 def _jsonl_texts(path: Path, text_field: str) -> list[str]:
     documents = []
-    for line_number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+    for line_number, line in enumerate(read_text(path, path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -60,10 +77,10 @@ def _jsonl_texts(path: Path, text_field: str) -> list[str]:
 def read_texts(path: Path, text_field: str) -> list[str]:
     """Documents of a user's data: paragraphs of .txt files, or records of a .jsonl file."""
     if path.is_dir():
-        return [p for file in sorted(path.rglob("*.txt")) for p in paragraphs(file.read_text(errors="replace"))]
+        return [p for file in sorted(path.rglob("*.txt")) for p in paragraphs(read_text(file, path))]
     if path.suffix == ".jsonl":
         return _jsonl_texts(path, text_field)
-    return paragraphs(path.read_text(errors="replace"))
+    return paragraphs(read_text(path, path))
 
 
 def document_bytes(path: str | None, text_field: str) -> list[bytes]:

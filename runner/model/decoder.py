@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from runner.config import ModelConfig
+from runner.config import ModelConfig, ffn_width
 
 # attention(q, k, v) with [batch, heads, seq, head_dim] tensors -> same shape.
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -84,16 +84,11 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
-def llama_ffn_hidden(d_model: int, multiple_of: int = 32) -> int:
-    hidden = int(2 * 4 * d_model / 3)
-    return multiple_of * math.ceil(hidden / multiple_of)
-
-
 class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        ffn_hidden = cfg.ffn_hidden or llama_ffn_hidden(cfg.d_model)
+        ffn_hidden = ffn_width(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, ffn_hidden) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)

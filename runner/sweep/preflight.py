@@ -18,9 +18,11 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from runner.config import run_config_from
-from runner.sweep.validate import config_problems, machine_problems, usable_cpu_cores, visible_cuda_devices
+from runner.sweep.machine import machine_problems, usable_cpu_cores, visible_cuda_devices
+from runner.sweep.validate import config_problems, schema_problems
 
 log = logging.getLogger("runner")
 
@@ -59,8 +61,14 @@ def slurm_shape_problems(launcher: DictConfig, world_sizes: list[int]) -> list[s
 class SweepPreflight(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         jobs = sweep_jobs(config)
-        configs = [run_config_from(compose(config.hydra.job.config_name, overrides)) for overrides in jobs]
-        shape = slurm_shape_problems(config.hydra.launcher, [cfg.world_size for cfg in configs])
+        configs, invalid = [], []
+        for number, overrides in enumerate(jobs):
+            try:
+                configs.append(run_config_from(compose(config.hydra.job.config_name, overrides)))
+            except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
+                configs.append(None)
+                invalid.append(_line(number, overrides, schema_problems(error)))
+        shape = slurm_shape_problems(config.hydra.launcher, [cfg.world_size for cfg in configs if cfg is not None])
         if shape:
             log.error(
                 "preflight: the SLURM launcher's shape does not fit these jobs, nothing was submitted:\n"
@@ -73,12 +81,14 @@ class SweepPreflight(Callback):
             if is_slurm(config.hydra.launcher)
             else {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
         )
-        invalid = []
         for number, (overrides, cfg) in enumerate(zip(jobs, configs)):
-            problems = config_problems(cfg) + (machine_problems(cfg, **here) if here else [])
+            if cfg is None:
+                continue
+            problems = config_problems(cfg)
+            if here and not problems:
+                problems = machine_problems(cfg, **here)
             if problems:
-                messages = "; ".join(message for _, message in problems)
-                invalid.append(f"  #{number} {' '.join(overrides)}: {messages}")
+                invalid.append(_line(number, overrides, problems))
         if not invalid:
             log.info(f"preflight: all {len(jobs)} jobs are valid")
             return
@@ -88,3 +98,7 @@ class SweepPreflight(Callback):
             # Hydra turns a callback's exceptions into warnings; SystemExit is not an Exception.
             raise SystemExit(2)
         log.warning(f"preflight: {len(invalid)} of {len(jobs)} jobs are invalid and will not start:\n{report}")
+
+
+def _line(number: int, overrides: list[str], problems: list[tuple[str, str]]) -> str:
+    return f"  #{number} {' '.join(overrides)}: {'; '.join(message for _, message in problems)}"

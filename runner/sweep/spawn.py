@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.sweep import interrupts
 from runner.world.env import spawned_rank_environ
 
 _POLL_S = 0.1
@@ -34,7 +35,7 @@ _shown_warnings: set[str] = set()
 class WorldOutcome:
     returncodes: list[int | None]
     timed_out: bool
-    interrupted: bool
+    interrupted: int  # the signal that stopped the job (SIGINT, SIGTERM), else 0
     wall_s: float
 
     @property
@@ -72,14 +73,6 @@ def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0) -> None:
         _wait_for_exit(processes, 5.0)
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler's or `kill`'s stop), handled as Ctrl-C is: stop the ranks, record, stop the sweep."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
-
-
 def run_world(
     world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, module: str = "runner.world.worker"
 ) -> WorldOutcome:
@@ -95,9 +88,10 @@ def run_world(
     log_files = []
     echo_thread = None
     started = time.monotonic()
-    timed_out = interrupted = False
+    timed_out, interrupted = False, 0
     in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
-    previous_handler = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNALS} if in_main_thread else {}
+    interrupts.install()  # SIGINT and SIGTERM raise Interrupted while the ranks run
     try:
         spawned_at = f"{time.time():.6f}"
         for rank in range(world_size):
@@ -127,12 +121,13 @@ def run_world(
                 _stop(processes)
                 break
             time.sleep(_POLL_S)
-    except KeyboardInterrupt:
-        interrupted = True
-        _stop(processes)
+    except (interrupts.Interrupted, KeyboardInterrupt) as interruption:
+        interrupted = getattr(interruption, "signum", signal.SIGINT)
+        with interrupts.held():  # a second Ctrl-C must not leave ranks running
+            _stop(processes)
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if echo_thread is not None:
             echo_thread.join(timeout=5.0)
         for log_file in log_files:

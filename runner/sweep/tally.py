@@ -1,16 +1,20 @@
-"""The sweep's last line: how every job of the sweep directory ended, and the exit status that follows.
+"""The sweep's last line: how the jobs of this invocation ended, and the exit status that follows.
 
-`completed 5, failed 1, diverged 0, invalid 1, skipped 0 -> multirun/<date_time>`;
-the sweep then exits 1 when a job failed, or diverged without an injected NaN
-(`fault.kind=nan`), so a script or a CI job sees it. Invalid and skipped jobs
-were reported before launch and do not change the exit status. A single run
-follows the same rule (`runner.sweep.job`).
+`completed 5, failed 1, diverged 0, invalid 1, skipped 0 -> multirun/<date_time>`,
+counting only the jobs this invocation ran or skipped (a rerun into the same
+directory does not count the earlier runs again; a job that completed earlier
+counts as skipped). The sweep then exits 1 when a job failed, or diverged
+without an injected NaN (`fault.kind=nan`), so a script or a CI job sees it;
+2 when no job could run (each invalid, or skipped because this machine lacks
+what it asks for). A single run follows the same rules (`runner.sweep.job`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -18,6 +22,7 @@ from omegaconf import DictConfig
 
 from runner.record.config_file import read_config
 from runner.record.summary import STATUSES, read_summary
+from runner.sweep.validate import EXIT_INVALID
 
 log = logging.getLogger("runner")
 
@@ -27,28 +32,55 @@ def ends_badly(status: str, fault_kind: str | None) -> bool:
     return status == "failed" or (status == "diverged" and fault_kind != "nan")
 
 
-def tally(sweep_dir: Path) -> tuple[Counter, list[str]]:
-    """(status counts, the jobs that make the sweep fail) over the job directories of `sweep_dir`."""
+@dataclass
+class Tally:
+    counts: Counter  # outcome -> jobs of this invocation
+    bad: list[str]  # the jobs that make the sweep fail: "<job> (<status>)"
+    unrunnable: bool  # no job ran: each was invalid, or skipped because this machine cannot run it
+
+    def line(self) -> str:
+        return ", ".join(f"{status} {self.counts[status]}" for status in STATUSES)
+
+
+def tally(sweep_dir: Path, since: float | None = None) -> Tally:
+    """How the jobs of `sweep_dir` ended in the invocation that started at `since` (every job when None).
+
+    Each job records its outcome and when (`outcome_at`) in summary.json; a job
+    skipped because it completed earlier counts as skipped, not completed.
+    """
     counts: Counter = Counter({status: 0 for status in STATUSES})
-    bad = []
-    for job in sorted(p for p in sweep_dir.iterdir() if (p / "config.yaml").exists()):
-        status = (read_summary(job) or {}).get("status", "failed")  # no summary: it never finished
-        counts[status] += 1
+    bad, ran, unrunnable = [], 0, 0
+    for job in sorted(p for p in sweep_dir.iterdir() if not p.name.startswith(".") and (p / "config.yaml").exists()):
+        summary = read_summary(job) or {}
+        if since is not None and summary.get("outcome_at", 0) < since:
+            if summary or (job / "config.yaml").stat().st_mtime < since:
+                continue  # an earlier invocation's job; a job of this one with no summary never finished
+        outcome = summary.get("outcome", summary.get("status", "failed"))
+        counts[outcome] += 1
         fault_kind = (read_config(job / "config.yaml") or {}).get("fault", {}).get("kind")
-        if ends_badly(status, fault_kind):
-            bad.append(f"{job.name} ({status})")
-    return counts, bad
+        if ends_badly(outcome, fault_kind):
+            bad.append(f"{job.name} ({outcome})")
+        machine_skip = outcome == "skipped" and summary.get("status") == "skipped"
+        unrunnable += outcome == "invalid" or machine_skip
+        ran += 1
+    return Tally(counts, bad, unrunnable=ran > 0 and unrunnable == ran)
 
 
 class SweepTally(Callback):
+    """The sweep's last line, over the jobs of this invocation; exit 1 when one failed, 2 when none could run."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.started = time.time()
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        counts, bad = tally(sweep_dir)
-        line = ", ".join(f"{status} {counts[status]}" for status in STATUSES)
-        if not bad:
-            log.info(f"sweep: {line} -> {sweep_dir}")
-            return
-        log.error(f"sweep: {line} -> {sweep_dir}; not completed: {', '.join(bad)}")
-        raise SystemExit(1)  # Hydra turns a callback's exceptions into warnings; SystemExit passes
+        result = tally(sweep_dir, since=getattr(self, "started", None))
+        if result.bad:
+            log.error(f"sweep: {result.line()} -> {sweep_dir}; not completed: {', '.join(result.bad)}")
+            raise SystemExit(1)  # Hydra turns a callback's exceptions into warnings; SystemExit passes
+        if result.unrunnable:
+            log.error(f"sweep: {result.line()} -> {sweep_dir}; no job could run here")
+            raise SystemExit(EXIT_INVALID)
+        log.info(f"sweep: {result.line()} -> {sweep_dir}")

@@ -1,52 +1,61 @@
-"""Cross-field checks of a run config, done before any rank process starts.
+"""The rules a run config must meet, checked before any rank process starts.
 
-Types and enum values are already checked by OmegaConf against
-`runner.config.RunConfig`; this module checks what types cannot say. Every
-message names the field, its value and what would be valid.
+OmegaConf checks types and enum values against `runner.config.RunConfig`;
+`runner.ranges` checks every numeric field against the range declared beside
+it; this module adds the rules that tie fields together (the layout, the
+model's shape, the data, the cost measurement, fault injection). Every message
+names the field, its value and what would be valid. Rules about the machine
+are in `runner.sweep.machine`.
 """
 
 from __future__ import annotations
 
-import os
+import difflib
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from runner.config import FAULT_KINDS
+from runner.config import FAULT_KINDS, RunConfig
 from runner.data.corpus import corpus_problem
 from runner.layout import ParallelLayout
 from runner.modes import custom_expectation
+from runner.ranges import range_problems
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
+from runner.sweep.overrides import schema_keys
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
-# More gloo ranks than this per core spend their time in the scheduler, not training.
-CPU_RANKS_PER_CORE = 4
 EXIT_INVALID = 2  # the exit status of a run refused before launch (as argparse's for bad arguments)
 BYTE_VOCAB = 256
 
+Problems = list[tuple[str, str]]
+
 
 class InvalidConfig(ValueError):
-    def __init__(self, problems: list[tuple[str, str]]):
+    def __init__(self, problems: Problems):
         self.problems = problems
         fields = ", ".join(sorted({name for name, _ in problems}))
         lines = "\n".join(f"  - {message}" for _, message in problems)
         super().__init__(f"invalid config ({fields}):\n{lines}")
 
 
-def config_problems(cfg: DictConfig) -> list[tuple[str, str]]:
-    """(field, message) pairs for every rule the config breaks."""
+def config_problems(cfg: DictConfig) -> Problems:
+    """(field, message) pairs for every rule the config breaks.
+
+    Fields outside their ranges are reported alone: the rules between fields
+    assume each field is in range (an sp of 0 divides nothing).
+    """
+    problems = range_problems(cfg, RunConfig)
+    if problems:
+        return problems
     problems = ParallelLayout.from_config(cfg).problems(
         global_batch=cfg.train.global_batch, seq_len=cfg.train.seq_len, n_heads=cfg.model.n_heads
     )
     problems += _model_problems(cfg.model)
-    problems += _training_problems(cfg)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)
-    problems += _count_problems(cfg.metrics)
     problems += _fault_problems(cfg)
-    problems += _positive(cfg.dist.timeout_s, "dist.timeout_s")
     if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
         problems.append(
             (
@@ -64,63 +73,38 @@ def validate(cfg: DictConfig) -> None:
         raise InvalidConfig(problems)
 
 
-def _positive(value: float, name: str) -> list[tuple[str, str]]:
-    return [] if value > 0 else [(name, f"{name}={value} must be > 0")]
-
-
-def _model_problems(model: DictConfig) -> list[tuple[str, str]]:
-    found = _positive(model.n_layers, "model.n_layers") + _positive(model.n_heads, "model.n_heads")
-    found += _positive(model.d_model, "model.d_model")
-    if found:
-        return found
-    if model.d_model % model.n_heads:
-        found.append(
-            ("model.d_model", f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
-        )
-    elif (model.d_model // model.n_heads) % 2:
+def _model_problems(model: DictConfig) -> Problems:
+    """Attention splits d_model into n_heads heads, and RoPE rotates pairs of features: an even head dim."""
+    found = []
+    if model.d_model % model.n_heads or (model.d_model // model.n_heads) % 2:
+        step = 2 * model.n_heads  # d_model values with an even head dim
+        lower = max(step, model.d_model - model.d_model % step)
         found.append(
             (
-                "model.n_heads",
-                f"head dim model.d_model/model.n_heads={model.d_model // model.n_heads} must be even for RoPE",
+                "model.d_model",
+                f"model.d_model={model.d_model} must split into model.n_heads={model.n_heads} heads of an even size "
+                f"(RoPE rotates feature pairs): use a multiple of {step} (e.g. {lower} or {lower + step})",
             )
         )
     if model.vocab_size < BYTE_VOCAB:
         found.append(
             ("model.vocab_size", f"model.vocab_size={model.vocab_size} must be >= {BYTE_VOCAB} (byte-level tokens)")
         )
-    if model.ffn_hidden is not None and model.ffn_hidden < 1:
-        found.append(("model.ffn_hidden", f"model.ffn_hidden={model.ffn_hidden} must be >= 1 or null"))
     return found
 
 
-def _training_problems(cfg: DictConfig) -> list[tuple[str, str]]:
-    found = _positive(cfg.train.steps, "train.steps") + _positive(cfg.train.seq_len, "train.seq_len")
-    found += _positive(cfg.train.global_batch, "train.global_batch") + _positive(cfg.train.log_every, "train.log_every")
-    found += _positive(cfg.wandb.log_every, "wandb.log_every")
-    found += _positive(cfg.optim.lr, "optim.lr") + _positive(cfg.timeout_s, "timeout_s")
-    if cfg.optim.clip < 0:
-        found.append(
-            ("optim.clip", f"optim.clip={cfg.optim.clip} must be >= 0 (the max grad norm; 0 disables clipping)")
-        )
-    if cfg.optim.warmup_steps < 0:
-        found.append(("optim.warmup_steps", f"optim.warmup_steps={cfg.optim.warmup_steps} must be >= 0"))
-    if cfg.metrics.sketch_dim < 0:
-        found.append(("metrics.sketch_dim", f"metrics.sketch_dim={cfg.metrics.sketch_dim} must be >= 0 (0 disables)"))
-    return found
-
-
-def _data_problems(data: DictConfig, *, seq_len: int) -> list[tuple[str, str]]:
+def _data_problems(data: DictConfig, *, seq_len: int) -> Problems:
     if data.path is None and data.name != "embedded":
         return [("data.path", f"data={data.name} needs data.path=FILE_OR_FOLDER (.txt, a folder of .txt, or .jsonl)")]
     found = [] if data.path is None else _data_path_problems(data.path)
-    if not found and seq_len > 0:
+    if not found:
         # Reads the data once per sweep (cached on the files' size and mtime), as the ranks will.
         problem = corpus_problem(data.path, data.text_field, seq_len=seq_len, packing=data.packing)
         found += [("data.path", problem)] if problem else []
     return found
 
 
-def _data_path_problems(given: str) -> list[tuple[str, str]]:
+def _data_path_problems(given: str) -> Problems:
     path = Path(given).expanduser()
     if not path.exists():
         return [
@@ -141,49 +125,7 @@ def _data_path_problems(given: str) -> list[tuple[str, str]]:
     return []
 
 
-def visible_cuda_devices() -> int:
-    # Without an NVIDIA device node there is no CUDA device: skip importing torch
-    # in the launcher (about a second of every single job's fixed cost).
-    if not any(Path("/dev").glob("nvidia[0-9]*")):
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def usable_cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def machine_problems(cfg: DictConfig, *, cuda_devices: int, cpu_cores: int) -> list[tuple[str, str]]:
-    """Rules about the machine the ranks start on (checked there: by the launcher, or by the job on a cluster node)."""
-    on_cpu = cfg.device.value == "cpu" or (cfg.device.value == "auto" and cuda_devices == 0)
-    limit = CPU_RANKS_PER_CORE * cpu_cores
-    if on_cpu and cfg.world_size > limit and not cfg.dist.oversubscribe:
-        return [
-            (
-                "world_size",
-                f"world_size={cfg.world_size} would start {cfg.world_size} CPU ranks on this machine's {cpu_cores} cores; "
-                f"valid: world_size<={limit} ({CPU_RANKS_PER_CORE} ranks per core), or dist.oversubscribe=true to run it anyway",
-            )
-        ]
-    return []
-
-
-def machine_shortfall(cfg: DictConfig, cuda_devices: int) -> str | None:
-    """Why this machine cannot run a valid config (the job is then skipped), or None."""
-    if cfg.device.value == "cuda" and cuda_devices == 0:
-        return "device=cuda but no CUDA device is visible; use device=auto or device=cpu"
-    uses_cuda = cfg.device.value == "cuda" or (cfg.device.value == "auto" and cuda_devices > 0)
-    if uses_cuda and cfg.world_size > cuda_devices:
-        return (
-            f"world_size={cfg.world_size} needs one GPU per rank but {cuda_devices} are visible; "
-            f"use world_size<={cuda_devices} or device=cpu"
-        )
-    return None
-
-
-def cost_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+def cost_problems(cfg: DictConfig) -> Problems:
     """The interleaved cost measurement (`cost.modes`) needs its baseline and the mode it trains on."""
     modes = [m.value for m in cfg.cost.modes]
     if not modes:
@@ -216,34 +158,17 @@ def cost_problems(cfg: DictConfig) -> list[tuple[str, str]]:
         )
     if len(set(modes)) < len(modes):
         found.append(("cost.modes", f"cost.modes={modes} names a mode twice; list each once"))
-    if cfg.cost.warmup_steps < 0 or cfg.cost.warmup_steps >= cfg.train.steps:
+    if cfg.cost.warmup_steps >= cfg.train.steps:
         found.append(
             (
                 "cost.warmup_steps",
-                f"cost.warmup_steps={cfg.cost.warmup_steps} must be >= 0 and < train.steps={cfg.train.steps}",
+                f"cost.warmup_steps={cfg.cost.warmup_steps} must be < train.steps={cfg.train.steps}",
             )
         )
-    if cfg.cost.floor_calls < 0:
-        found.append(("cost.floor_calls", f"cost.floor_calls={cfg.cost.floor_calls} must be >= 0 (0 skips the floor)"))
     return found
 
 
-def _count_problems(metrics: DictConfig) -> list[tuple[str, str]]:
-    found = []
-    if metrics.count_first < 0:
-        found.append(("metrics.count_first", f"metrics.count_first={metrics.count_first} must be >= 0"))
-    if metrics.count_every < 1:
-        found.append(
-            ("metrics.count_every", f"metrics.count_every={metrics.count_every} must be >= 1 (1 counts every step)")
-        )
-    if metrics.gather_every < 1:
-        found.append(
-            ("metrics.gather_every", f"metrics.gather_every={metrics.gather_every} must be >= 1 (1 gathers every step)")
-        )
-    return found
-
-
-def _fault_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+def _fault_problems(cfg: DictConfig) -> Problems:
     fault = cfg.fault
     if fault.kind not in FAULT_KINDS:
         return [("fault.kind", f"fault.kind={fault.kind} is not a fault; valid: {', '.join(FAULT_KINDS)}")]
@@ -251,20 +176,18 @@ def _fault_problems(cfg: DictConfig) -> list[tuple[str, str]]:
         return []
     found = []
     if cfg.cost.modes:
+        modes = [m.value for m in cfg.cost.modes]
         found.append(
-            (
-                "fault.kind",
-                f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {[m.value for m in cfg.cost.modes]})",
-            )
+            ("fault.kind", f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {modes})")
         )
-    if not 0 <= fault.rank < cfg.world_size:
+    if fault.rank >= cfg.world_size:
         found.append(
             (
                 "fault.rank",
                 f"fault.rank={fault.rank} is not a rank of world_size={cfg.world_size}; valid: 0 to {cfg.world_size - 1}",
             )
         )
-    if not 1 <= fault.step <= cfg.train.steps:
+    if fault.step > cfg.train.steps:
         found.append(
             (
                 "fault.step",
@@ -274,7 +197,7 @@ def _fault_problems(cfg: DictConfig) -> list[tuple[str, str]]:
     return found
 
 
-def custom_problems(cfg: DictConfig) -> list[tuple[str, str]]:
+def custom_problems(cfg: DictConfig) -> Problems:
     """reduction=custom needs an importable callable fn(logits, labels, ctx), and a readable `custom.expect`."""
     if cfg.reduction.value != "custom":
         return []  # custom.* is ignored by the other modes
@@ -293,3 +216,14 @@ def custom_problems(cfg: DictConfig) -> list[tuple[str, str]]:
         except ValueError as error:
             found.append(("custom.expect", f"custom.expect={cfg.custom.expect}: {error}"))
     return found
+
+
+def schema_problems(error: Exception) -> Problems:
+    """The (field, message) of an OmegaConf error about a key or value the schema does not take
+    (a key added with `+`, say), with the closest valid keys."""
+    key = str(getattr(error, "full_key", "") or "") or "config"
+    keys, _ = schema_keys()
+    close = difflib.get_close_matches(key, sorted(keys), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    reason = str(getattr(error, "msg", error)).splitlines()[0]
+    return [(key, f"{key}: {reason}{hint} (`python -m runner --cfg job` shows every key)")]
