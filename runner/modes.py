@@ -219,3 +219,14 @@ def custom_expectation(expect: str, world_size: int) -> float | str:
     if not factor > 0:
         raise ValueError(f"{expect!r} is not an expectation; valid: {EXPECTATIONS}")
     return factor
+
+
+# Colours of the labels that are not built-in modes (sum[...], custom:...), handed out in label order.
+EXTRA_COLOURS = ["#2ca02c", "#8c564b", "#e377c2", "#bcbd22", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94", "#dbdb8d"]
+
+
+def colours_for(labels) -> dict[str, str]:
+    """A colour per mode label: a built-in mode's own, the others distinct ones (grey once they run out)."""
+    others = sorted({str(label) for label in labels} - set(COLOURS), key=label_order)
+    extra = {label: EXTRA_COLOURS[i] if i < len(EXTRA_COLOURS) else "grey" for i, label in enumerate(others)}
+    return {**{label: COLOURS[label] for label in map(str, labels) if label in COLOURS}, **extra}

@@ -10,7 +10,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from analysis import plots
 from analysis.__main__ import main as analysis_main
+from analysis.compare import Tolerances, measure
+from analysis.figures import legibility_problems, save
+from analysis.groups import assign_groups
+from analysis.load import load_sweeps
 from analysis.pipeline import analyze
 from analysis.synthetic import SyntheticRun, write_sweep
 
@@ -172,3 +177,22 @@ def test_a_group_whose_only_sum_has_an_identity_backward_has_no_reference(tmp_pa
     sweep = write_sweep(tmp_path / "sweep", runs)
     result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
     assert set(result.verdicts["verdict"]) == {"no reference"}
+
+
+def test_the_trainers_plots_are_legible_with_a_colour_each(tmp_path, monkeypatch):
+    """Long labels (custom:MODULE:CALLABLE) take a legend of fewer columns and more rows, inside the figure."""
+    loaded = load_sweeps([write_sweep(tmp_path / "sweep", trainer_runs())])
+    table = assign_groups(loaded.runs).reset_index(drop=True)
+    _, curves = measure(table, loaded.steps, Tolerances())
+    checked = {}
+
+    def checking_save(fig, path, dpi=100):
+        checked[path.name] = legibility_problems(fig)
+        lines = [line for ax in fig.axes for line in ax.get_lines()]
+        checked[path.name] += [] if len({line.get_color() for line in lines}) == len(lines) else ["a colour twice"]
+        return save(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save", checking_save)
+    plots.curves_per_group(table, curves, tmp_path)
+    assert set(checked) == {figure.file for figure in plots.CURVE_FIGURES}
+    assert {name: problems for name, problems in checked.items() if problems} == {}
