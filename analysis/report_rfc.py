@@ -88,12 +88,13 @@ def rfc_answer(table: pd.DataFrame, comm: pd.DataFrame | None = None, tol: Toler
     elif len(identity):
         sentences.append(f"`{IDENTITY}` against the reference: {', '.join(sorted(set(identity['verdict_text'])))}.")
     if evidence:
-        with_sum = "`sum` (funcol, the reference)"
+        with_sum, verb = "`sum` (funcol, the reference)", "gets"
         if len(torch_nn) and torch_nn["verdict"].isin(SAME).all():
             with_sum += f" and `{TORCH_NN}` (xtuner's import; step-1 scale {_scales(torch_nn)})"
+            verb = "get"
         sentences.append(
-            f"With a SUM-backward all-reduce, {with_sum} get grad L, so the collective is needed for the gradient's "
-            f"scale under FSDP's mean: " + "; ".join(evidence) + "."
+            f"With a SUM-backward all-reduce, {with_sum} {verb} grad L, so the collective is needed for the "
+            f"gradient's scale under FSDP's mean: " + "; ".join(evidence) + "."
         )
     elif len(torch_nn):
         sentences.append(f"`{TORCH_NN}` against the reference: {', '.join(sorted(set(torch_nn['verdict_text'])))}.")

@@ -165,6 +165,7 @@ def test_without_identity_runs_the_report_says_nothing_of_identity(tmp_path):
     sweep = write_sweep(tmp_path / "sweep", runs)
     result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
     assert "identity" not in result.answer and not (sweep / "analysis" / "trainers.csv").exists()
+    assert "With a SUM-backward all-reduce, `sum` (funcol, the reference) gets grad L" in result.answer
     assert "without it (`local`) the gradient is grad L / W" in result.answer
     assert "FSDP SUM (`fsdp_sum`) replaces it" in result.answer
 

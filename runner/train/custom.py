@@ -71,13 +71,15 @@ class CustomReducer(LossReducer):
         self.fn, self.spec, self.meshes = fn, spec, meshes
         self.rank = dist.get_rank(self.group)
 
-    def start_step(self, valid_tokens: torch.Tensor, micro_batches: list[Batch]) -> None:
-        super().start_step(valid_tokens, micro_batches)
+    def start_step(self, valid_tokens: torch.Tensor) -> None:
+        super().start_step(valid_tokens)
         self.global_tokens = int(valid_tokens.item())
-        self.rank_tokens = sum(mb.valid_tokens for mb in micro_batches)
-        self.rank_sequence_tokens = sum(mb.whole_valid_tokens for mb in micro_batches)
         self.micro_batch = 0
         self.logs = False
+
+    def plan_step(self, micro_batches: list[Batch]) -> None:
+        self.rank_tokens = sum(mb.valid_tokens for mb in micro_batches)
+        self.rank_sequence_tokens = sum(mb.whole_valid_tokens for mb in micro_batches)
 
     def micro_batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, micro: Batch) -> torch.Tensor:
         with torch.no_grad():  # L, the loss every run records: S_rsm / N, outside the callable's graph

@@ -20,7 +20,7 @@ passes it through, so it is 1, and `sum` then gets `local`'s dL / W.
 | mode          | backpropagated per micro-batch | gradient after FSDP          | extra collectives / step |
 |---------------|--------------------------------|------------------------------|--------------------------|
 | sum           | AR(L_rsm)                      | (1/W) * W * dL = dL          | 2M (forward + backward)  |
-|  [identity]   | AR(L_rsm), identity backward   | (1/W) * 1 * dL = dL / W      | 2M (forward + backward)  |
+|  [identity]   | AR(L_rsm), identity backward   | (1/W) * 1 * dL = dL / W      | M (forward only)         |
 | detached      | L_rsm                          | dL / W                       | M (logging only)         |
 | local         | L_rsm                          | dL / W                       | 1 (logging only)         |
 | fsdp_sum      | L_rsm, FSDP sums (no 1/W)      | dL                           | 1 (logging only)         |
@@ -77,7 +77,8 @@ def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, de
 
 
 class LossReducer:
-    """Per-step state of one mode: `start_step`, then `micro_batch_loss` per micro-batch, then `finish_step` once."""
+    """Per-step state of one mode: `start_step` and `plan_step`, then `micro_batch_loss` per micro-batch, then
+    `finish_step` once."""
 
     def __init__(
         self,
@@ -95,10 +96,14 @@ class LossReducer:
         self.dp = self.world_size // sp
         self.autograd_all_reduce = autograd_all_reduce
 
-    def start_step(self, valid_tokens: torch.Tensor, micro_batches: list[Batch]) -> None:
+    def start_step(self, valid_tokens: torch.Tensor) -> None:
         self.valid_tokens = valid_tokens
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=valid_tokens.device)  # sum_m L_rsm or its AR
         self.mean_sum = torch.zeros_like(self.loss_sum)  # sum_m S_rsm / n_rm / M
+
+    def plan_step(self, micro_batches: list[Batch]) -> None:
+        """This rank's micro-batches of the step, before the first: the runner's modes need nothing of them
+        (a custom callable's context does: `runner.train.custom`)."""
 
     def micro_batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, micro: Batch) -> torch.Tensor:
         """The loss to call .backward() on for one micro-batch shard, from its logits and (shifted) labels."""
@@ -143,7 +148,8 @@ def forward_backward(
     model: torch.nn.Module, micro_batches: list[Batch], reducer: LossReducer, device: torch.device
 ) -> StepLoss:
     """One optimizer step's gradients, accumulated over this rank's micro-batches."""
-    reducer.start_step(global_valid_tokens(micro_batches, reducer.group, device), micro_batches)
+    reducer.start_step(global_valid_tokens(micro_batches, reducer.group, device))
+    reducer.plan_step(micro_batches)
     for micro in micro_batches:
         logits = model(micro.inputs.to(device), position_offset=micro.position_offset)
         reducer.micro_batch_loss(logits, micro.labels.to(device), micro).backward()
