@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.compare import Tolerances
+from analysis.compare import NOT_RUN, Tolerances
 from analysis.load import newest_result, not_a_result
 from analysis.pipeline import analyze
 from analysis.wandb_log import WANDB_MODES
@@ -93,15 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         print("check: no training runs to judge (only cost measurements)")
         return 0
     offending = table[table["as_expected"].eq(False)]
-    not_run = table[table["as_expected"].isna()]
+    unjudged = table[table["as_expected"].isna()]
+    not_run = unjudged[unjudged["status"].isin(NOT_RUN)]
     if len(not_run):
         print(f"check: {len(not_run)} job(s) never ran (invalid or skipped); not judged")
+    if len(unjudged) > len(not_run):
+        print(f"check: {len(unjudged) - len(not_run)} custom run(s) without custom.expect; not judged")
+    for sentence in [s for s in table["all_reduce"].unique() if s]:  # which all-reduce the sum runs used
+        print(f"check: {sentence}")
     if offending.empty:
         print(f"check: all {table['as_expected'].notna().sum()} verdicts are as expected")
         return 0
     print(f"check FAILED: {len(offending)} verdict(s) differ from what their mode should give:")
     with pd.option_context("display.width", 250, "display.max_colwidth", 90):
-        print(offending[["run", "verdict_text", "expected", "reason"]].to_string(index=False))
+        print(offending[["run", "reduction", "verdict_text", "expected", "reason"]].to_string(index=False))
     return 1
 
 

@@ -13,6 +13,12 @@
   "equivalent"; counts that differ only later allow either. Runs that predate
   those fields fall back to the config: padded documents (data.packing=false)
   and more than one micro-batch.
+- sum with an identity-backward all-reduce (`sum[identity]`): grad L / W, as
+  local (`runner.modes.run_gradient` gives each run's gradient from its mode
+  and all-reduce; `analysis.mode_labels` puts it in `gradient`).
+- custom: what `custom.expect` states (`runner.modes.custom_expectation`: a
+  factor of grad L, or different), else "not judged": as_expected is NA and
+  `--check` does not fail on it. The verdict itself is always the measured one.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.compare import NOT_RUN, Tolerances, factor_label
-from runner.modes import OVER_W, REWEIGHTED, modes_where
+from runner.modes import CUSTOM, OVER_W, REWEIGHTED, custom_expectation
 
 SAME = {"reference", "identical", "equivalent"}
 
@@ -46,10 +52,10 @@ def expected_verdicts(
     runs: pd.DataFrame, verdicts: pd.DataFrame, tol: Tolerances, steps: pd.DataFrame | None = None
 ) -> pd.DataFrame:
     """`expected` (text) and `as_expected` (bool; NA for jobs that never ran) per run."""
-    mode = runs["reduction"]
+    gradient = runs["gradient"]  # the run's gradient against grad L, from its mode and all-reduce
     varies_at_first, varies_anywhere = token_counts_vary(runs, steps)
-    reweighted = mode.isin(modes_where(gradient=REWEIGHTED))
-    rescaled_expected = mode.isin(modes_where(gradient=OVER_W)) & (runs["world_size"] > 1)
+    reweighted = gradient == REWEIGHTED
+    rescaled_expected = (gradient == OVER_W) & (runs["world_size"] > 1)
     different_expected = reweighted & varies_at_first
     either_expected = reweighted & ~varies_at_first & varies_anywhere
 
@@ -67,5 +73,35 @@ def expected_verdicts(
         default="equivalent",
     )
     out["as_expected"] = pd.array(as_expected, dtype="boolean")
+    custom = gradient == CUSTOM
+    if custom.any():
+        judged = [
+            _custom(*row, tol)
+            for row in zip(
+                runs.loc[custom, "custom.expect"],
+                runs.loc[custom, "world_size"],
+                verdicts.loc[custom, "verdict"],
+                verdicts.loc[custom, "factor"],
+            )
+        ]
+        out.loc[custom, "expected"] = [text for text, _ in judged]
+        out.loc[custom, "as_expected"] = pd.array([ok for _, ok in judged], dtype="boolean")
     out.loc[runs["status"].isin(NOT_RUN), "as_expected"] = pd.NA
     return out
+
+
+def _custom(expect: object, world_size: int, verdict: str, factor: float, tol: Tolerances) -> tuple[str, object]:
+    """(expected, as_expected) of a custom run: as `custom.expect` states, or not judged (NA) without it.
+
+    A run that failed is never as expected, stated or not."""
+    try:
+        stated = custom_expectation(expect, int(world_size)) if isinstance(expect, str) else None
+    except ValueError:
+        stated = None
+    if stated is None:
+        return "not judged (no custom.expect)", False if verdict == "failed" else pd.NA
+    if stated == "different":
+        return "different", verdict == "different"
+    if abs(stated - 1) <= tol.scale_rtol:
+        return "equivalent", verdict in SAME
+    return f"rescaled ×{factor_label(stated)}", verdict == "rescaled" and abs(factor / stated - 1) <= tol.scale_rtol

@@ -1,8 +1,16 @@
 """Which runs are compared with which.
 
-- A comparison group: runs whose configs are identical except `reduction`
+- A run's mode: its `reduction`, with the all-reduce of `sum` and the callable
+  of `custom` (the config keys `runner.modes.MODE_KEYS`). `assign_groups`
+  turns the `reduction` column into the mode's label (`runner.modes.mode_label`:
+  `sum`, `sum[identity]`, `custom:MODULE:CALLABLE`), which every table and
+  plot names, and adds the run's `gradient` against grad L
+  (`runner.modes.run_gradient`), its `fsdp_reduction` and the one sentence
+  about its differentiable all-reduce (`all_reduce`, where it has one).
+- A comparison group: runs whose configs are identical except the mode's keys
   (and keys that cannot change the trajectory, `NOT_EXPERIMENT`). Its
-  reference is its `sum` run.
+  reference is its `sum` run: the one with funcol's SUM-backward all-reduce,
+  the implementation checked against the single-process reference.
 - A family: runs identical except the reduction and the parallel layout
   (`world_size`, `sp`, `grad_accum`). The global batch of every step is the
   same for all of them (it is drawn from the seed and the step alone), so a completed `world_size=1`
@@ -20,6 +28,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import RUN_COLUMNS
+from analysis.mode_labels import label_modes
+from runner.modes import MODE_KEYS
 
 LAYOUT = ["world_size", "sp", "grad_accum"]
 # Keys that do not change a run's trajectory: how long, how often it prints,
@@ -41,13 +51,13 @@ def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
 
 def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     """`runs` with `group`, `family`, `layout`, `optimizer`, `group_label`, `baseline` (a run id or NaN)
-    and `baseline_kind`."""
+    and `baseline_kind`; `reduction` holds the mode's label (`analysis.mode_labels`)."""
     runs = runs.copy()
-    config = config_columns(runs)
+    config = [c for c in config_columns(runs) if not c.startswith(MODE_KEYS)]
     # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
-    swept = [c for c in varying_columns(runs) if c != "reduction" and c not in LAYOUT]
-    runs["group"] = _key(runs, [c for c in config if c != "reduction"])
-    runs["family"] = _key(runs, [c for c in config if c != "reduction" and c not in LAYOUT]).str.replace("g", "f", n=1)
+    swept = [c for c in varying_columns(runs) if not c.startswith(MODE_KEYS) and c not in LAYOUT]
+    runs["group"] = _key(runs, config)
+    runs["family"] = _key(runs, [c for c in config if c not in LAYOUT]).str.replace("g", "f", n=1)
     runs["layout"] = _layout_names(runs)
     runs["optimizer"] = [
         f"{name} (lr {lr:g}, clip {clip:g})" if isinstance(name, str) else "unknown optimizer"
@@ -56,6 +66,7 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     runs["group_label"] = runs["layout"]
     for column in _label_columns(runs, swept):
         runs["group_label"] += " " + column + "=" + runs[column].map(_shown)
+    runs = label_modes(runs)
     runs["baseline"], runs["baseline_kind"] = _baselines(runs)
     return runs
 

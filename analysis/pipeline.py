@@ -26,8 +26,10 @@ from analysis.invariance import invariance, invariance_summary
 from analysis.load import load_sweeps
 from analysis.report import opening
 from analysis.report_cost import interleaved_clause
+from analysis.report_rfc import rfc_answer
 from analysis.report_tables import training_sections, write_report
 from analysis.runs_parquet import write_runs_parquet
+from analysis.trainers import trainer_sentences, trainers_csv, trainers_section, trainers_table
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
@@ -47,6 +49,8 @@ VERDICT_ID_COLUMNS = [
     "diverged_at",
     "baseline",
     "baseline_kind",
+    "fsdp_reduction",
+    "all_reduce",
 ]
 
 
@@ -144,8 +148,13 @@ def _analyze(
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
+    trainers = trainers_table(runs, table)
+    if len(trainers):
+        trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost)
-    body = training_sections(runs, table, comm, layout_table, tol)
+    for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
+        answer += f"\n{extra}\n" if extra else ""
+    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, tol)
     report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
     clock("report")
     for drawn in curve_pngs:
@@ -157,10 +166,13 @@ def _analyze(
     tables = {"verdicts": table, "invariance": layout_table, "comm": comm}
     if len(cost):
         tables.update(cost=cost, floor=floor)
+    if len(trainers):
+        tables["trainers"] = trainers_csv(trainers)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
     written = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
     written += ["cost.csv", "floor.csv"] if len(cost_jobs) else []
+    written += ["trainers.csv"] if len(trainers) else []
     written += [p.name for p in pngs]
     return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, written, clock.timings)
 

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.figures import save, style_axes, widen_to  # noqa: E402
-from runner.modes import COLOURS  # noqa: E402
+from runner.modes import COLOURS, colours_for  # noqa: E402
 
 MAX_GROUPS = 16
 COLORS = COLOURS  # one colour per mode, from the modes' facts
@@ -40,17 +40,33 @@ PANEL_W, PANEL_H = 4.2, 3.0
 LEFT, RIGHT, TOP, BOTTOM, GAP = 1.05, 0.2, 0.7, 0.9, 0.95
 
 
-def _panels(count: int):
-    """A grid of `count` panels, 4 wide at most, with fixed margins (tight_layout would draw it all twice)."""
+def _width(count: int) -> float:
+    cols = min(count, 4)
+    return LEFT + RIGHT + PANEL_W * cols + GAP * (cols - 1)
+
+
+def _legend_grid(labels: list[str], width: float) -> tuple[int, int]:
+    """(columns, rows) of a legend of `labels` that fits `width` inches (9 pt text: about 0.07 in a character,
+    0.6 in for the line and the spacing): long labels (custom:MODULE:CALLABLE) take fewer columns, more rows."""
+    longest = max((len(label) for label in labels), default=1)
+    fits = max(1, int(width // (0.07 * longest + 0.6)))
+    columns = max(1, min(len(labels), fits))
+    return columns, math.ceil(len(labels) / columns)
+
+
+def _panels(count: int, legend_rows: int = 2):
+    """A grid of `count` panels, 4 wide at most, with fixed margins (tight_layout would draw it all twice);
+    the bottom margin holds two legend rows, and grows for more."""
     cols = min(count, 4)
     rows = math.ceil(count / cols)
-    width = LEFT + RIGHT + PANEL_W * cols + GAP * (cols - 1)
-    height = TOP + BOTTOM + PANEL_H * rows + 0.6 * (rows - 1)
+    width = _width(count)
+    bottom = BOTTOM + 0.2 * max(0, legend_rows - 2)
+    height = TOP + bottom + PANEL_H * rows + 0.6 * (rows - 1)
     fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False, sharex=True)
     fig.subplots_adjust(
         left=LEFT / width,
         right=1 - RIGHT / width,
-        bottom=BOTTOM / height,
+        bottom=bottom / height,
         top=1 - TOP / height,
         wspace=GAP / PANEL_W,
         hspace=0.6 / PANEL_H,
@@ -129,12 +145,16 @@ def draw_curve_figures(
     labels before it is saved.
     """
     groups = plotted_groups(runs)
-    fig, axes = _panels(len(groups))
+    shown = runs[runs["group"].isin(groups)]
+    labels = list(dict.fromkeys(_label(run) for _, run in shown.iterrows()))
+    legend = _legend_grid(labels, _width(len(groups)))
+    colours = colours_for(shown["reduction"])
+    fig, axes = _panels(len(groups), legend_rows=legend[1])
     for ax, group in zip(axes, groups):
         _style_panel(ax, runs.loc[runs["group"] == group, "group_label"].iloc[0])
     paths = []
     for figure in figures:
-        _draw_curves(fig, axes, runs, groups, curves[figure.curve], figure)
+        _draw_curves(fig, axes, runs, groups, curves[figure.curve], figure, legend[0], colours)
         paths.append(save(fig, out / figure.file))
     plt.close(fig)
     return paths
@@ -146,7 +166,13 @@ def _style_panel(ax, label: str) -> None:
     style_axes(ax, integer_x=True)
 
 
-def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.ndarray, figure: CurveFigure) -> None:
+def _label(run) -> str:
+    return f"{run['reduction']} (baseline)" if run["run"] == run["baseline"] else str(run["reduction"])
+
+
+def _draw_curves(
+    fig, axes, runs: pd.DataFrame, groups: list[str], values: np.ndarray, figure: CurveFigure, columns: int, colours
+) -> None:
     """values[run, step] as one line per run in its group's panel (baseline dashed), in place of the last figure's."""
     for legend in fig.legends[:]:
         legend.remove()
@@ -162,9 +188,9 @@ def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.nd
                 steps,
                 values[position],
                 "--" if baseline else "-",
-                color=COLORS.get(run["reduction"], "grey"),
+                color=colours.get(run["reduction"], "grey"),
                 lw=1.2,
-                label=f"{run['reduction']} (baseline)" if baseline else run["reduction"],
+                label=_label(run),
             )
         ax.relim()
         ax.autoscale()
@@ -172,5 +198,4 @@ def _draw_curves(fig, axes, runs: pd.DataFrame, groups: list[str], values: np.nd
         ax.set_ylabel(figure.ylabel)
     fig.suptitle(figure.title, y=1 - 0.15 / fig.get_figheight(), va="top")  # a second call replaces the first
     handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
-    columns = min(len(handles), 3 * min(len(groups), 4))
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns, frameon=False, fontsize=9)

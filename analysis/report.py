@@ -8,7 +8,8 @@ import pandas as pd
 from analysis.compare import NOT_RUN
 from analysis.expected import SAME
 from analysis.report_cost import interleaved_clause
-from runner.modes import MODES, OVER_W, modes_where, with_extra_collectives
+from analysis.trainers import is_trainer
+from runner.modes import OVER_W, label_order, modes_where, with_extra_collectives
 
 
 def _range(values: pd.Series, fmt: str) -> str:
@@ -206,7 +207,8 @@ def opening(
         "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`).",
         "",
     ]
-    for mode in [m for m in MODES if m in set(verdicts["reduction"])]:
+    shown = verdicts["reduction"][~is_trainer(verdicts["reduction"])]  # a trainer has its own line (analysis.trainers)
+    for mode in sorted(set(shown), key=label_order):
         sentence = _mode_sentence(mode, verdicts[verdicts["reduction"] == mode])
         if sentence:
             lines.append(sentence)

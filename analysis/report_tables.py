@@ -10,7 +10,7 @@ from analysis.comm import WARMUP_STEPS
 from analysis.compare import Tolerances
 from analysis.plots import CURVE_FIGURES, MAX_GROUPS
 from analysis.report_cost import cost_section
-from runner.modes import MODES
+from runner.modes import label_order
 
 VERDICT_COLUMNS = {
     "group_label": "group",
@@ -40,7 +40,7 @@ def table(frame: pd.DataFrame, empty: str = "(none)") -> str:
 
 def by_mode(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows by group, then in the modes' order (sum first, the negative control last)."""
-    order = frame["reduction"].map({m: i for i, m in enumerate(MODES)})
+    order = frame["reduction"].map(label_order)  # sum[...] after sum, custom callables last
     return frame.assign(_order=order).sort_values(["group_label", "_order"]).drop(columns="_order")
 
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from runner.modes import Reduction
+from runner.modes import AutogradAllReduce, Reduction
 from runner.ranges import ranged
 from runner.record.config_file import write_config_copy
 
@@ -201,9 +201,29 @@ class CostConfig:
     floor_calls: int = ranged(1000, ge=0, le=100_000, why="0 skips the floor; a median needs no more")
 
 
+class FsdpReduce(str, Enum):
+    mean = "mean"  # FSDP2's default: the gradients' mean over the W ranks
+    sum = "sum"  # a true sum (no 1/W), as torchtitan's disable_fsdp_gradient_division
+
+
+@dataclass
+class CustomConfig:
+    # `reduction=custom`: MODULE:CALLABLE, importable from the working directory or an installed package,
+    # called per micro-batch shard as fn(logits, labels, ctx) (`runner.train.custom`, README "Custom reductions").
+    fn: Optional[str] = None
+    fsdp_reduce: FsdpReduce = FsdpReduce.mean
+    # What `python -m analysis --check` holds the run to (`runner.modes.EXPECTATIONS`); null: not judged.
+    expect: Optional[str] = None
+    # One line for the report's trainers table: whose rule the callable follows and what it does.
+    rule: Optional[str] = None
+
+
 @dataclass
 class RunConfig:
     reduction: Reduction = Reduction.sum
+    # The differentiable all-reduce of the modes that have one in the graph (sum): funcol, torch_nn or
+    # identity (`runner.modes.ALL_REDUCE_SENTENCE`); the other modes ignore it.
+    autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol
     world_size: int = ranged(2, ge=1, le=2**20)
     sp: int = ranged(1, ge=1)  # sequence-parallel (Ulysses) degree; dp = world_size / sp
     grad_accum: int = ranged(1, ge=1)
@@ -221,6 +241,7 @@ class RunConfig:
     cost: CostConfig = field(default_factory=CostConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    custom: CustomConfig = field(default_factory=CustomConfig)
 
 
 def nodes_for(world_size: int, gpus_per_node: int) -> int:

@@ -5,22 +5,35 @@ math of each mode is written out in `runner.train.reduction`, next to the code.
 
 | mode          | FSDP reduction | gradient   | role                | loss collectives per step    |
 |---------------|----------------|------------|---------------------|------------------------------|
-| sum           | mean           | grad L     | reference           | N, and M differentiable      |
+| sum           | mean           | grad L (*) | reference           | N, and M differentiable      |
 | fsdp_sum      | sum            | grad L     | correct alternative | N, and 1 for logging         |
 | scaled        | mean           | grad L     | correct alternative | N, and 1 for logging         |
 | local         | mean           | grad L / W | the question        | N, and 1 for logging         |
 | detached      | mean           | grad L / W | the question        | N, and M for logging         |
 | mean_of_means | mean           | reweighted | negative control    | N, and 1 for logging         |
+| custom        | custom.*       | measured   | custom              | N, 1 for logging, its own    |
+
+(*) with a SUM-backward all-reduce (funcol, torch_nn); grad L / W with identity.
+custom: FSDP's reduction is `custom.fsdp_reduce`.
 
 `fsdp_sum` and `scaled` compute grad L with exactly `local`'s collectives:
 they are the null control of the interleaved cost measurement. The enum's
 order is the order of every table and plot.
+
+`sum`'s gradient depends on which differentiable all-reduce it uses
+(`autograd_all_reduce`, `AutogradAllReduce` below): `run_gradient` is the one
+rule the runner's tests and the analysis' expected verdicts read. A `custom`
+run's gradient is whatever its callable makes it: the analysis judges it by
+what it measured, against `custom.expect` when given (`custom_expectation`).
+A run's mode, as every table and plot names it, is `mode_label`: `sum`,
+`sum[identity]`, `custom:MODULE:CALLABLE`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from fractions import Fraction
 
 
 class Reduction(str, Enum):
@@ -32,12 +45,42 @@ class Reduction(str, Enum):
     local = "local"
     detached = "detached"
     mean_of_means = "mean_of_means"
+    custom = "custom"  # a callable of the user's (`custom.fn`); its facts are measured, not known
+
+
+class AutogradAllReduce(str, Enum):
+    """The differentiable all-reduce of the modes that have one in the graph (`sum`): `autograd_all_reduce`."""
+
+    funcol = "funcol"
+    torch_nn = "torch_nn"
+    identity = "identity"
+
+
+# What each implementation's backward does to the gradient arriving at its output, hence what a rank's
+# local loss L_rsm receives when every rank seeds its reduced loss with 1: W (SUM) or 1 (identity).
+# Measured in a gloo world by tests/test_all_reduce.py; the code is in `runner.train.all_reduce`.
+ALL_REDUCE_BACKWARD: dict[AutogradAllReduce, str] = {
+    AutogradAllReduce.funcol: "sum",
+    AutogradAllReduce.torch_nn: "sum",
+    AutogradAllReduce.identity: "identity",
+}
+ALL_REDUCE_SENTENCE: dict[AutogradAllReduce, str] = {
+    AutogradAllReduce.funcol: "`funcol` is `torch.distributed._functional_collectives.all_reduce`, "
+    "whose backward all-reduces the gradient with SUM, so each rank's loss receives W and FSDP's mean gives grad L.",
+    AutogradAllReduce.torch_nn: "`torch_nn` is `torch.distributed.nn.functional.all_reduce` (as xtuner's ce_loss.py "
+    "imports it), whose backward all-reduces the gradient with SUM, so each rank's loss receives W and FSDP's mean "
+    "gives grad L.",
+    AutogradAllReduce.identity: "`identity` all-reduces with SUM forward and passes the gradient through backward "
+    "(Megatron's `_ReduceFromModelParallelRegion`), so each rank's loss receives 1 and FSDP's mean gives grad L / W, "
+    "as `local`.",
+}
 
 
 # What a mode's gradient is, against grad L (the analysis' expected verdicts follow from it):
 TRUE = "grad L"  # equivalent to the reference
 OVER_W = "grad L / W"  # rescaled by 1/W (equivalent at W=1)
 REWEIGHTED = "reweighted"  # another direction whenever micro-batches hold unequal valid-token counts
+CUSTOM = "measured"  # a custom callable's: judged by what the run measured (against `custom.expect` when given)
 
 
 @dataclass(frozen=True)
@@ -75,9 +118,12 @@ FACTS: dict[Reduction, ModeFacts] = {
     Reduction.local: _facts("question", "mean", OVER_W, "#d62728"),
     Reduction.detached: _facts("question", "mean", OVER_W, "#ff7f0e", functional=True),
     Reduction.mean_of_means: _facts("negative control", "mean", REWEIGHTED, "#9467bd"),
+    # FSDP's reduction is `custom.fsdp_reduce` (`fsdp_reduction_of`); the runner's own collectives are `local`'s.
+    Reduction.custom: _facts("custom", "mean", CUSTOM, "#7f7f7f"),
 }
 
 MODES: list[str] = [mode.value for mode in Reduction]  # report and plot order
+BUILT_IN: list[Reduction] = [mode for mode in Reduction if mode is not Reduction.custom]  # the runner's own math
 COLOURS: dict[str, str] = {mode.value: FACTS[mode].colour for mode in Reduction}
 
 
@@ -96,3 +142,91 @@ def with_extra_collectives() -> list[str]:
     """The modes that issue more loss collectives than `local` (whose time cost the question weighs)."""
     local = FACTS[Reduction.local].loss_collectives(2)  # M = 2 tells per-micro-batch from per-step collectives
     return [mode.value for mode in Reduction if FACTS[mode].loss_collectives(2) != local]
+
+
+# Config keys that make a run's mode (not its comparison group): the reduction, its all-reduce, its callable.
+MODE_KEYS = ("reduction", "autograd_all_reduce", "custom.")
+
+
+def has_graph_all_reduce(mode: str | Reduction) -> bool:
+    """Whether `autograd_all_reduce` applies: the mode backpropagates through an all-reduce (`sum`)."""
+    return facts(mode).differentiable_per_micro_batch
+
+
+def run_gradient(mode: str | Reduction, autograd_all_reduce: str | AutogradAllReduce = "funcol") -> str:
+    """A run's gradient against grad L (TRUE, OVER_W, REWEIGHTED or CUSTOM), given its all-reduce.
+
+    With the all-reduce in the graph, each rank's L_rsm receives d(sum_r' L_r's)/dL_rsm from the
+    backward: W when it all-reduces the gradient (SUM), 1 when it passes it through (identity).
+    FSDP's mean then divides by W: grad L, or grad L / W (exactly `local`'s gradient).
+    """
+    backward = ALL_REDUCE_BACKWARD[AutogradAllReduce(autograd_all_reduce)]
+    if has_graph_all_reduce(mode) and backward == "identity":
+        return OVER_W
+    return facts(mode).gradient
+
+
+def fsdp_reduction_of(mode: str | Reduction, custom_fsdp_reduce: str = "mean") -> str:
+    """FSDP's gradient reduction for a run: the mode's, or `custom.fsdp_reduce` for `custom`."""
+    return custom_fsdp_reduce if Reduction(mode) is Reduction.custom else facts(mode).fsdp_reduction
+
+
+def mode_label(
+    mode: str | Reduction, autograd_all_reduce: str | AutogradAllReduce = "funcol", custom_fn: str | None = None
+) -> str:
+    """How tables and plots name a run's mode: `sum`, `sum[identity]`, `custom:MODULE:CALLABLE`.
+
+    The all-reduce is named only where it applies and is not the default (`funcol`, the reference's).
+    """
+    mode = Reduction(mode)
+    if mode is Reduction.custom:
+        return f"custom:{custom_fn}"
+    implementation = AutogradAllReduce(autograd_all_reduce)
+    if has_graph_all_reduce(mode) and implementation is not AutogradAllReduce.funcol:
+        return f"{mode.value}[{implementation.value}]"
+    return mode.value
+
+
+def label_order(label: str) -> tuple:
+    """Sort key of mode labels: the modes' order, each `sum[...]` after `sum`, custom callables last by name."""
+    label = str(label)  # an unreadable config's mode is missing (NaN): last
+    base, _, rest = label.partition("[")
+    if label.startswith("custom:"):
+        return (len(MODES), 0, label)
+    if base not in MODES:
+        return (len(MODES) + 1, 0, label)
+    variants = [a.value for a in AutogradAllReduce]
+    variant = rest.rstrip("]")
+    return (MODES.index(base), variants.index(variant) + 1 if variant in variants else 0, label)
+
+
+EXPECTATIONS = "grad L, grad L / W, grad L x W, different, or a factor k > 0 of grad L (e.g. 0.5 or 1/2)"
+
+
+def custom_expectation(expect: str, world_size: int) -> float | str:
+    """`custom.expect` as the factor k of grad L it states at this world size, or "different".
+
+    Raises ValueError (naming the valid forms, EXPECTATIONS) when it states neither.
+    """
+    text = " ".join(str(expect).replace("×", "x").replace("*", "x").split()).lower()
+    named = {"grad l": 1.0, "grad l / w": 1.0 / world_size, "grad l x w": float(world_size), "different": "different"}
+    if text in named:
+        return named[text]
+    try:
+        factor = float(Fraction(text))
+    except (ValueError, ZeroDivisionError):
+        factor = float("nan")
+    if not factor > 0:
+        raise ValueError(f"{expect!r} is not an expectation; valid: {EXPECTATIONS}")
+    return factor
+
+
+# Colours of the labels that are not built-in modes (sum[...], custom:...), handed out in label order.
+EXTRA_COLOURS = ["#2ca02c", "#8c564b", "#e377c2", "#bcbd22", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94", "#dbdb8d"]
+
+
+def colours_for(labels) -> dict[str, str]:
+    """A colour per mode label: a built-in mode's own, the others distinct ones (grey once they run out)."""
+    others = sorted({str(label) for label in labels} - set(COLOURS), key=label_order)
+    extra = {label: EXTRA_COLOURS[i] if i < len(EXTRA_COLOURS) else "grey" for i, label in enumerate(others)}
+    return {**{label: COLOURS[label] for label in map(str, labels) if label in COLOURS}, **extra}

@@ -18,7 +18,7 @@ from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents, loc
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes, parallelize
 from runner.model.registry import build_model
-from runner.modes import Reduction, facts
+from runner.modes import BUILT_IN, Reduction, facts
 from runner.train.reduction import LossReducer, forward_backward
 
 WORLD_SIZES = (2, 4)
@@ -54,7 +54,7 @@ def world_gradients(world_size: int) -> dict:
         micro_batches = local_micro_batches(
             batch, dp=world_size, dp_rank=meshes.dp_rank, sp=1, sp_rank=0, grad_accum=grad_accum
         )
-        for mode in Reduction:
+        for mode in BUILT_IN:
             model = parallelize(build_model(cfg.model, cfg.seed), meshes, facts(mode).fsdp_reduction)
             step = forward_backward(
                 model, micro_batches, LossReducer(mode, meshes.world_group, grad_accum), torch.device("cpu")

@@ -16,7 +16,7 @@ from analysis.plots import COLORS
 from runner.layout import ParallelLayout
 from runner.measure.comm import CollectiveCounter
 from runner.model.parallel import build_meshes
-from runner.modes import FACTS, MODES, OVER_W, TRUE, Reduction, facts, modes_where, with_extra_collectives
+from runner.modes import BUILT_IN, FACTS, MODES, OVER_W, TRUE, Reduction, facts, modes_where, with_extra_collectives
 from runner.train.components import build_parts
 from runner.train.reduction import forward_backward
 
@@ -26,7 +26,7 @@ GRAD_ACCUM = 3
 def counted_loss_all_reduces() -> dict[str, int]:
     """Per mode: the all-reduces of one step's forward/backward, counted by the dispatch-level counter."""
     counts = {}
-    for mode in Reduction:
+    for mode in BUILT_IN:
         cfg = run_config(reduction=mode.value, grad_accum=GRAD_ACCUM, train__global_batch=12, train__seq_len=32)
         parts = build_parts(cfg, build_meshes(ParallelLayout(2, 1, GRAD_ACCUM), "cpu"), torch.device("cpu"))
         counter = CollectiveCounter()
@@ -38,7 +38,7 @@ def counted_loss_all_reduces() -> dict[str, int]:
 
 def test_each_modes_loss_collectives_are_the_ones_it_issues():
     counted = run_in_world(counted_loss_all_reduces, 2)[0]
-    for mode in Reduction:
+    for mode in BUILT_IN:
         kinds = facts(mode).loss_collectives(GRAD_ACCUM)
         # A differentiable all-reduce is two: forward, and backward of its gradient.
         assert counted[mode.value] == kinds["plain"] + kinds["functional"] + 2 * kinds["differentiable"], mode

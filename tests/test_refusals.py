@@ -108,6 +108,52 @@ REFUSALS = [
         ["data.tokenizer={data}/tokenizer.json"],
         ["model.vocab_size=256 must be >= 384", "set model.vocab_size=384 or more"],
     ),
+    # custom.fn is imported in a subprocess of the launcher (stdlib modules here, importable from any directory):
+    ("reduction=custom without custom.fn", ["reduction=custom"], ["reduction=custom needs custom.fn=MODULE:CALLABLE"]),
+    (
+        "custom.fn without a colon",
+        ["reduction=custom", "custom.fn=json.dumps"],
+        ["custom.fn=json.dumps is not MODULE:CALLABLE"],
+    ),
+    (
+        "custom.fn module not found",
+        ["reduction=custom", "custom.fn=no_such_module:loss"],
+        ["custom.fn=no_such_module:loss", "no module named 'no_such_module'"],
+    ),
+    (
+        "custom.fn attribute missing",
+        ["reduction=custom", "custom.fn=json:nothing"],
+        [
+            "custom.fn=json:nothing",
+            "no attribute 'nothing'",
+            "its functions: detect_encoding, dump, dumps, load, loads",
+        ],
+    ),
+    (
+        "custom.fn not callable",
+        ["reduction=custom", "custom.fn=json:decoder"],
+        ["custom.fn=json:decoder", "not callable"],
+    ),
+    (
+        "custom.fn with other parameters",
+        ["reduction=custom", "custom.fn=json:dumps"],
+        ["custom.fn=json:dumps", "cannot be called as fn(logits, labels, ctx)"],
+    ),
+    (
+        "unreadable custom.expect",
+        ["reduction=custom", "custom.fn=builtins:pow", "custom.expect=sideways"],
+        ["custom.expect=sideways", "grad L / W"],
+    ),
+    (
+        "custom in a cost job",
+        ["cost.modes=[local,custom]"],
+        ["cost.modes=['local', 'custom']", "not a custom callable"],
+    ),
+    (
+        "another all-reduce in a cost job",
+        ["experiment=cost", "autograd_all_reduce=identity"],
+        ["autograd_all_reduce=identity with cost.modes=", "use autograd_all_reduce=funcol"],
+    ),
 ]
 
 

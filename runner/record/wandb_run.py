@@ -1,6 +1,6 @@
 """The rank-0 Weights & Biases run of a job (offline by default).
 
-group = the sweep directory's name, job_type = the reduction mode, name = the
+group = the sweep directory's name, job_type = the run's mode label, name = the
 job's overrides, config = the resolved run config. Tokens are the step
 metric, so runs that split the same global batch differently line up. The
 run reads its API key from the environment itself; nothing here copies it.
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import RunConfig, config_container
+from runner.modes import mode_label
 
 
 def has_wandb_credentials() -> bool:
@@ -38,7 +39,7 @@ def start_wandb_run(cfg: RunConfig, job_dir: Path, *, name: str, group: str, ext
         project=cfg.wandb.project,
         entity=cfg.wandb.entity,
         group=group,
-        job_type=cfg.reduction.value,
+        job_type=mode_label(cfg.reduction, cfg.autograd_all_reduce, cfg.custom.fn),
         name=name,
         config=config,
         dir=str(job_dir),

@@ -19,8 +19,10 @@ from runner.config import FAULT_KINDS, ModelConfig, RunConfig
 from runner.data.corpus import CorpusError, corpus_problem, tokenizer_vocab_size
 from runner.layout import ParallelLayout
 from runner.model.hf_config import HFConfigError, ModelShape, model_shape
+from runner.modes import custom_expectation
 from runner.ranges import range_problems
 from runner.record.wandb_run import has_wandb_credentials
+from runner.sweep.custom_check import custom_fn_problem
 from runner.sweep.overrides import schema_keys
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -58,6 +60,7 @@ def config_problems(cfg: DictConfig) -> Problems:
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
     problems += _vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
+    problems += custom_problems(cfg)
     problems += _fault_problems(cfg)
     if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
         problems.append(
@@ -216,7 +219,23 @@ def cost_problems(cfg: DictConfig) -> Problems:
     modes = [m.value for m in cfg.cost.modes]
     if not modes:
         return []
+    if "custom" in modes or cfg.reduction.value == "custom":
+        return [
+            (
+                "cost.modes",
+                f"cost.modes={modes} with reduction={cfg.reduction.value}: the cost job times the runner's own modes, "
+                "not a custom callable; train reduction=custom with cost.modes=[] and list only built-in modes here",
+            )
+        ]
     found = []
+    if "sum" in modes and cfg.autograd_all_reduce.value != "funcol":
+        found.append(
+            (
+                "autograd_all_reduce",
+                f"autograd_all_reduce={cfg.autograd_all_reduce.value} with cost.modes={modes}: the cost job times and "
+                "records sum's collectives as funcol's (forward and backward); use autograd_all_reduce=funcol",
+            )
+        )
     if "local" not in modes:
         found.append(("cost.modes", f"cost.modes={modes} must include local (the baseline of every overhead)"))
     if cfg.reduction.value not in modes:
@@ -264,6 +283,27 @@ def _fault_problems(cfg: DictConfig) -> Problems:
                 f"fault.step={fault.step} is not a step of train.steps={cfg.train.steps}; valid: 1 to {cfg.train.steps}",
             )
         )
+    return found
+
+
+def custom_problems(cfg: DictConfig) -> Problems:
+    """reduction=custom needs an importable callable fn(logits, labels, ctx), and a readable `custom.expect`."""
+    if cfg.reduction.value != "custom":
+        return []  # custom.* is ignored by the other modes
+    found = []
+    if cfg.custom.fn is None:
+        found.append(
+            ("custom.fn", "reduction=custom needs custom.fn=MODULE:CALLABLE, e.g. examples.reductions.torchtitan:loss")
+        )
+    else:
+        problem = custom_fn_problem(cfg.custom.fn)  # a subprocess, once per callable: the module may import torch
+        if problem:
+            found.append(("custom.fn", problem))
+    if cfg.custom.expect is not None:
+        try:
+            custom_expectation(cfg.custom.expect, cfg.world_size)
+        except ValueError as error:
+            found.append(("custom.expect", f"custom.expect={cfg.custom.expect}: {error}"))
     return found
 
 

@@ -18,7 +18,7 @@ from runner.data.batches import Batch, GlobalBatches, load_documents, local_micr
 from runner.layout import ParallelLayout
 from runner.model.parallel import Meshes, parallelize
 from runner.model.registry import build_model
-from runner.modes import Reduction, facts
+from runner.modes import Reduction, fsdp_reduction_of
 from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.train.reduction import LossReducer
 
@@ -30,7 +30,7 @@ class RankParts:
     meshes: Meshes
     device: torch.device
     batches: GlobalBatches
-    model: nn.Module  # sharded with FSDP2, its gradient reduction set for `cfg.reduction`
+    model: nn.Module  # sharded with FSDP2, its gradient reduction set for `cfg.reduction` (or `custom.fsdp_reduce`)
     optimizer: torch.optim.Optimizer
 
     @property
@@ -60,7 +60,15 @@ class RankParts:
         return lr
 
     def reducer(self, mode: Reduction) -> LossReducer:
-        return LossReducer(mode, self.group, self.cfg.grad_accum, sp=self.layout.sp)
+        cfg = self.cfg
+        if mode is Reduction.custom:
+            from runner.callables import resolve_callable
+            from runner.train.custom import CustomReducer
+
+            return CustomReducer(resolve_callable(cfg.custom.fn), cfg.custom.fn, self.meshes, cfg.grad_accum)
+        return LossReducer(
+            mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=cfg.autograd_all_reduce
+        )
 
 
 def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
@@ -73,7 +81,7 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
         packing=cfg.data.packing,
         separator=packing_separator(cfg.data),
     )
-    fsdp_reduction = facts(cfg.reduction).fsdp_reduction
+    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value)
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)

@@ -11,18 +11,23 @@ Notation for one optimizer step; W = world size = dp * sp, M = grad_accum.
     L      = sum_rsm L_rsm, the global token-mean loss that every correct mode trains on
 
 FSDP2 reduces gradients with a mean over the W ranks it shards over:
-g = (1/W) sum_rs d(loss_rs)/dθ. `funcol.all_reduce` is differentiable and its
-backward all-reduces the incoming gradient with SUM, so with every rank
-seeding 1, d AR(L_rsm) / d L_rsm = W on every rank.
+g = (1/W) sum_rs d(loss_rs)/dθ. AR is the differentiable all-reduce of
+`autograd_all_reduce` (`runner.train.all_reduce`). `funcol` (the default) and
+`torch_nn` all-reduce the incoming gradient with SUM in the backward, so with
+every rank seeding 1, d AR(L_rsm) / d L_rsm = W on every rank; `identity`
+passes it through, so it is 1, and `sum` then gets `local`'s dL / W.
 
 | mode          | backpropagated per micro-batch | gradient after FSDP          | extra collectives / step |
 |---------------|--------------------------------|------------------------------|--------------------------|
 | sum           | AR(L_rsm)                      | (1/W) * W * dL = dL          | 2M (forward + backward)  |
+|  [identity]   | AR(L_rsm), identity backward   | (1/W) * 1 * dL = dL / W      | M (forward only)         |
 | detached      | L_rsm                          | dL / W                       | M (logging only)         |
 | local         | L_rsm                          | dL / W                       | 1 (logging only)         |
 | fsdp_sum      | L_rsm, FSDP sums (no 1/W)      | dL                           | 1 (logging only)         |
 | scaled        | W * L_rsm                      | dL                           | 1 (logging only)         |
 | mean_of_means | sp * S_rsm / n_rm / M          | d[(1/(dp M)) sum_rm S_rm/n_rm] | 1 (logging only)       |
+
+`custom` calls the user's callable instead (`runner.train.custom`).
 
 `mean_of_means` is the nanoGPT / Hugging Face (before 4.46) rule over whole
 sequences: each micro-batch's token mean over its full sequences, averaged
@@ -48,7 +53,8 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from runner.data.batches import IGNORE_INDEX, Batch
-from runner.modes import Reduction
+from runner.modes import AutogradAllReduce, Reduction
+from runner.train.all_reduce import differentiable_all_reduce
 
 
 @dataclass(frozen=True)
@@ -71,28 +77,45 @@ def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, de
 
 
 class LossReducer:
-    """Per-step state of one mode: call `backward_loss` per micro-batch, then `finish_step` once."""
+    """Per-step state of one mode: `start_step` and `plan_step`, then `micro_batch_loss` per micro-batch, then
+    `finish_step` once."""
 
-    def __init__(self, mode: Reduction, group: dist.ProcessGroup, grad_accum: int, sp: int = 1):
+    def __init__(
+        self,
+        mode: Reduction,
+        group: dist.ProcessGroup,
+        grad_accum: int,
+        sp: int = 1,
+        autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol,
+    ):
         self.mode = mode
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.grad_accum = grad_accum
         self.sp = sp
         self.dp = self.world_size // sp
+        self.autograd_all_reduce = autograd_all_reduce
 
     def start_step(self, valid_tokens: torch.Tensor) -> None:
         self.valid_tokens = valid_tokens
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=valid_tokens.device)  # sum_m L_rsm or its AR
         self.mean_sum = torch.zeros_like(self.loss_sum)  # sum_m S_rsm / n_rm / M
 
+    def plan_step(self, micro_batches: list[Batch]) -> None:
+        """This rank's micro-batches of the step, before the first: the runner's modes need nothing of them
+        (a custom callable's context does: `runner.train.custom`)."""
+
+    def micro_batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, micro: Batch) -> torch.Tensor:
+        """The loss to call .backward() on for one micro-batch shard, from its logits and (shifted) labels."""
+        return self.backward_loss(token_loss_sum(logits, labels), micro.whole_valid_tokens)
+
     def backward_loss(self, token_loss: torch.Tensor, sequence_valid_tokens: int) -> torch.Tensor:
         """The loss to call .backward() on for one micro-batch shard, given S_rsm and n_rm."""
         local = token_loss / self.valid_tokens  # L_rsm = S_rsm / N
         mode = self.mode
         if mode is Reduction.sum:
-            # Differentiable: backward all-reduces the seed, so L_rm receives W.
-            reduced = funcol.all_reduce(local, "sum", self.group)
+            # Differentiable: a SUM backward all-reduces the seed, so L_rsm receives W (identity: 1).
+            reduced = differentiable_all_reduce(local, self.group, self.autograd_all_reduce)
             self.loss_sum += reduced.detach()
             return reduced
         if mode is Reduction.detached:
@@ -126,8 +149,8 @@ def forward_backward(
 ) -> StepLoss:
     """One optimizer step's gradients, accumulated over this rank's micro-batches."""
     reducer.start_step(global_valid_tokens(micro_batches, reducer.group, device))
+    reducer.plan_step(micro_batches)
     for micro in micro_batches:
         logits = model(micro.inputs.to(device), position_offset=micro.position_offset)
-        token_loss = token_loss_sum(logits, micro.labels.to(device))
-        reducer.backward_loss(token_loss, micro.whole_valid_tokens).backward()
+        reducer.micro_batch_loss(logits, micro.labels.to(device), micro).backward()
     return reducer.finish_step()

@@ -1,0 +1,199 @@
+"""The analysis of trainers, other all-reduces and custom callables, on synthetic sweeps with known answers.
+
+`autograd_all_reduce` and `custom.*` make a run's mode, not its group: a `sum[identity]` run and custom
+runs land in the reference's group, and the baseline is the funcol `sum` run. A custom run is judged by
+what it measured, against `custom.expect` when given; without it, it is not judged.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis import plots
+from analysis.__main__ import main as analysis_main
+from analysis.compare import Tolerances, measure
+from analysis.figures import legibility_problems, save
+from analysis.groups import assign_groups
+from analysis.load import load_sweeps
+from analysis.pipeline import analyze
+from analysis.synthetic import SyntheticRun, write_sweep
+
+LAYOUT = dict(world_size=2, grad_accum=2)
+
+
+def custom(name: str, fsdp: str = "mean", expect: str | None = None, **changes) -> SyntheticRun:
+    overrides = {"custom.fn": f"my_trainers:{name}", "custom.fsdp_reduce": fsdp, "custom.rule": f"rule of {name}"}
+    if expect is not None:
+        overrides["custom.expect"] = expect
+    return SyntheticRun("custom", overrides=overrides, **LAYOUT, **changes)
+
+
+def trainer_runs() -> list[SyntheticRun]:
+    return [
+        SyntheticRun("sum", **LAYOUT),
+        SyntheticRun("sum", overrides={"autograd_all_reduce": "identity"}, factor=0.5, loss_shift_from=12, **LAYOUT),
+        SyntheticRun("sum", overrides={"autograd_all_reduce": "torch_nn"}, **LAYOUT),
+        SyntheticRun("local", factor=0.5, loss_shift_from=12, **LAYOUT),
+        custom("titan", fsdp="sum", expect="grad L", factor=1 + 1e-7),
+        custom("hf", expect="grad L"),
+        custom("per_rank_mean", expect="different", turn=0.05, loss_shift_from=20),
+        custom("doubled", expect="2", factor=2.0),
+        custom("unstated", factor=0.25),
+        custom("wrongly_stated", expect="grad L / W"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    sweep = write_sweep(tmp_path_factory.mktemp("trainers") / "sweep", trainer_runs())
+    result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
+    return sweep, result
+
+
+def by_label(verdicts: pd.DataFrame) -> dict[str, pd.Series]:
+    return {row["reduction"]: row for _, row in verdicts.iterrows()}
+
+
+def test_the_modes_keys_make_labels_not_groups_and_the_baseline_is_the_funcol_sum(analysed):
+    _, result = analysed
+    rows = by_label(result.verdicts)
+    assert result.verdicts["group"].nunique() == 1
+    reference = rows["sum"]
+    assert reference["verdict"] == "reference"
+    assert set(result.verdicts["baseline"]) == {reference["run"]}
+    assert {"sum[identity]", "sum[torch_nn]", "custom:my_trainers:titan", "custom:my_trainers:doubled"} <= set(rows)
+    assert (
+        rows["sum[identity]"]["fsdp_reduction"] == "mean"
+        and rows["custom:my_trainers:titan"]["fsdp_reduction"] == "sum"
+    )
+    assert "identity" in rows["sum[identity]"]["all_reduce"] and rows["local"]["all_reduce"] == ""
+
+
+def test_identity_is_expected_to_rescale_by_1_over_W_and_torch_nn_to_be_grad_L(analysed):
+    _, result = analysed
+    rows = by_label(result.verdicts)
+    identity = rows["sum[identity]"]
+    assert (identity["verdict_text"], identity["expected"], identity["as_expected"]) == (
+        "rescaled ×1/2",
+        "rescaled ×1/2",
+        True,
+    )
+    torch_nn = rows["sum[torch_nn]"]
+    assert torch_nn["verdict"] == "identical" and torch_nn["expected"] == "equivalent" and torch_nn["as_expected"]
+
+
+def test_custom_runs_get_their_measured_verdict_and_the_stated_expectation(analysed):
+    _, result = analysed
+    rows = by_label(result.verdicts)
+    judged = {
+        name: (rows[f"custom:my_trainers:{name}"]["verdict_text"], rows[f"custom:my_trainers:{name}"]["expected"])
+        for name in ("titan", "hf", "per_rank_mean", "doubled", "unstated", "wrongly_stated")
+    }
+    assert judged == {
+        "titan": ("equivalent", "equivalent"),
+        "hf": ("identical", "equivalent"),
+        "per_rank_mean": ("different", "different"),
+        "doubled": ("rescaled ×2", "rescaled ×2"),
+        "unstated": ("rescaled ×1/4", "not judged (no custom.expect)"),  # measured all the same
+        "wrongly_stated": ("identical", "rescaled ×1/2"),
+    }
+    as_expected = {name: rows[f"custom:my_trainers:{name}"]["as_expected"] for name in judged}
+    assert as_expected["unstated"] is pd.NA
+    assert {k: bool(v) for k, v in as_expected.items() if k != "unstated"} == {
+        "titan": True,
+        "hf": True,
+        "per_rank_mean": True,
+        "doubled": True,
+        "wrongly_stated": False,
+    }
+
+
+def test_check_fails_on_a_wrong_expectation_only_and_says_what_each_all_reduce_does(analysed, capsys):
+    sweep, _ = analysed
+    assert analysis_main([str(sweep), "--check", "--no-plots", "--wandb", "disabled"]) == 1
+    printed = capsys.readouterr().out
+    assert "check FAILED: 1 verdict(s)" in printed and "wrongly_stated" in printed.split("check FAILED")[1]
+    assert "check: 1 custom run(s) without custom.expect; not judged" in printed
+    assert "check: `identity` all-reduces with SUM forward and passes the gradient through backward" in printed
+    assert "check: `torch_nn` is `torch.distributed.nn.functional.all_reduce`" in printed
+
+
+def test_trainers_table_and_sentences(analysed):
+    sweep, result = analysed
+    table = pd.read_csv(sweep / "analysis" / "trainers.csv")
+    assert table["trainer"].tolist()[0] == "sum" and "local" not in set(
+        table["trainer"]
+    )  # the reference, then trainers
+    rows = table.set_index("trainer")
+    assert rows.loc["sum[identity]", "gradient vs grad L"] == "grad L × 1/2"
+    assert not rows.loc["sum[identity]", "curves match"] and rows.loc["custom:my_trainers:titan", "curves match"]
+    assert rows.loc["custom:my_trainers:titan", "rule"] == "rule of titan"
+    assert rows.loc["custom:my_trainers:doubled", "factor"] == pytest.approx(2.0, rel=1e-12)
+    assert rows.loc["custom:my_trainers:per_rank_mean", "gradient vs grad L"].startswith("another direction")
+    report = (sweep / "analysis" / "report.md").read_text()
+    assert "## Trainers" in report
+    assert (
+        "- `custom:my_trainers:doubled` (rule of doubled): grad L × 2, step-1 scale 2.000000; its loss curve matches "
+        "the reference's; expected rescaled ×2: as expected." in result.answer
+    )
+    assert "- `sum[identity]` (sum: all-reduce of S/N with identity, identity backward, FSDP mean)" in result.answer
+
+
+def test_the_rfc_answer_states_what_the_runs_show(analysed):
+    _, result = analysed
+    answer = result.answer.split("**The RFC**", 1)[1].split("\n", 1)[0]
+    assert (
+        "`sum` (funcol, the reference) and `sum[torch_nn]` (xtuner's import; step-1 scale 1.000000) get grad L"
+        in answer
+    )
+    assert "without it (`local`) the gradient is grad L / W (step-1 scale 0.500000)" in answer
+    assert "with an identity backward (`sum[identity]`) it is not needed and does nothing" in answer
+    assert ", as `local`'s" in answer
+    assert (
+        "FSDP SUM (`custom:my_trainers:titan`) or W x loss under FSDP's mean (`custom:my_trainers:hf`, "
+        "`custom:my_trainers:wrongly_stated`) replaces it" in answer
+    )
+
+
+def test_without_identity_runs_the_report_says_nothing_of_identity(tmp_path):
+    runs = [
+        SyntheticRun("sum", **LAYOUT),
+        SyntheticRun("local", factor=0.5, **LAYOUT),
+        SyntheticRun("fsdp_sum", **LAYOUT),
+    ]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
+    assert "identity" not in result.answer and not (sweep / "analysis" / "trainers.csv").exists()
+    assert "With a SUM-backward all-reduce, `sum` (funcol, the reference) gets grad L" in result.answer
+    assert "without it (`local`) the gradient is grad L / W" in result.answer
+    assert "FSDP SUM (`fsdp_sum`) replaces it" in result.answer
+
+
+def test_a_group_whose_only_sum_has_an_identity_backward_has_no_reference(tmp_path):
+    runs = [
+        SyntheticRun("sum", overrides={"autograd_all_reduce": "identity"}, factor=0.5, **LAYOUT),
+        SyntheticRun("local", factor=0.5, **LAYOUT),
+    ]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
+    assert set(result.verdicts["verdict"]) == {"no reference"}
+
+
+def test_the_trainers_plots_are_legible_with_a_colour_each(tmp_path, monkeypatch):
+    """Long labels (custom:MODULE:CALLABLE) take a legend of fewer columns and more rows, inside the figure."""
+    loaded = load_sweeps([write_sweep(tmp_path / "sweep", trainer_runs())])
+    table = assign_groups(loaded.runs).reset_index(drop=True)
+    _, curves = measure(table, loaded.steps, Tolerances())
+    checked = {}
+
+    def checking_save(fig, path, dpi=100):
+        checked[path.name] = legibility_problems(fig)
+        lines = [line for ax in fig.axes for line in ax.get_lines()]
+        checked[path.name] += [] if len({line.get_color() for line in lines}) == len(lines) else ["a colour twice"]
+        return save(fig, path, dpi)
+
+    monkeypatch.setattr(plots, "save", checking_save)
+    plots.curves_per_group(table, curves, tmp_path)
+    assert set(checked) == {figure.file for figure in plots.CURVE_FIGURES}
+    assert {name: problems for name, problems in checked.items() if problems} == {}
