@@ -41,8 +41,8 @@ test: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(ARGS)
 
-# The suite less its slow-marked tests (real worlds of Hugging Face models): for quick local runs;
-# `make test` and CI run everything.
+# The suite less its slow-marked tests (real worlds of Hugging Face models, whole trainer-rule runs): for
+# quick local runs; `make test` and CI run everything.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 

@@ -31,6 +31,7 @@ from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes, parallelize
 from runner.model.registry import build_model
 from runner.modes import Reduction, facts
+from runner.train.components import build_parts
 from runner.train.gradients import GradientSketch, clip_gradients
 from runner.train.reduction import LossReducer, forward_backward
 
@@ -157,6 +158,51 @@ def test_sp_1_2_4_give_the_same_step_one(world4, references, model):
         assert loss == pytest.approx(base_loss, rel=1e-6)
         for name, grad in base_grads.items():
             torch.testing.assert_close(grads[name], grad, msg=lambda m: f"{model} sp={sp} vs sp=1 {name}: {m}")
+
+
+# The issue's other axes on a Hugging Face model (hf_qwen2: its head tied to the embedding), through the runner's
+# own path (build_parts: FSDP's reduction from the mode or custom.fsdp_reduce; the reducer from the config):
+# run id -> (config overrides, the gradient as a multiple of grad L at W=2).
+OTHER_RULES = {
+    "sum[torch_nn]": (dict(reduction="sum", autograd_all_reduce="torch_nn"), 1.0),
+    "sum[identity]": (dict(reduction="sum", autograd_all_reduce="identity"), 0.5),
+    "hf_trainer": (dict(reduction="custom", custom__fn="examples.reductions.hf_trainer:loss"), 1.0),
+    "torchtitan": (
+        dict(reduction="custom", custom__fn="examples.reductions.torchtitan:loss", custom__fsdp_reduce="sum"),
+        1.0,
+    ),
+    "megatron": (
+        dict(reduction="custom", custom__fn="examples.reductions.megatron:loss", custom__fsdp_reduce="sum"),
+        1.0,
+    ),
+}
+
+
+def world_other_rules(model: str) -> dict:
+    """W=2 GA=2 on every rank: run id -> step-1 (loss, grad norm, sketch, gradients, tied)."""
+    results = {}
+    for run_id, (overrides, _) in OTHER_RULES.items():
+        cfg = _config(model, world_size=2, grad_accum=2, **overrides)
+        meshes = build_meshes(ParallelLayout(2, 1, 2), "cpu")
+        parts = build_parts(cfg, meshes, torch.device("cpu"))
+        step = forward_backward(
+            parts.model, parts.local_share(parts.batches(1)), parts.reducer(cfg.reduction), parts.device
+        )
+        tied = parts.model.hf.lm_head.weight is parts.model.hf.model.embed_tokens.weight
+        results[run_id] = (step.loss, *_measured(parts.model, cfg, meshes.world_group), tied)
+    return results
+
+
+@pytest.fixture(scope="module")
+def world2_other_rules() -> dict:
+    return run_in_world(world_other_rules, 2, "hf_qwen2")[0]
+
+
+@pytest.mark.parametrize("run_id", list(OTHER_RULES))
+def test_all_reduce_implementations_and_trainer_rules_on_an_hf_model(world2_other_rules, references, run_id):
+    """torch_nn's SUM backward gives grad L, identity's pass-through grad L / W; the trainers' rules grad L."""
+    factor = OTHER_RULES[run_id][1]
+    assert_matches(world2_other_rules[run_id], references["hf_qwen2"], factor, f"hf_qwen2 W=2 GA=2 {run_id}")
 
 
 def test_bf16_compute_keeps_the_gradient(world2):
