@@ -94,6 +94,11 @@ REFUSALS = [
         ["vocab_size=200 must be >= 256 (byte-level tokens)", "model.overrides.vocab_size=256"],
     ),
     (
+        "an HF size no model can have",
+        ["model=hf_llama", "model.overrides.num_key_value_heads=3"],
+        ["model.overrides.num_key_value_heads=3", "valid num_key_value_heads: 1, 2, 4"],
+    ),
+    (
         "sp not dividing the HF model's heads",
         ["model=hf_qwen2", "model.overrides.num_attention_heads=2", "world_size=4", "sp=4", "grad_accum=1"],
         ["num_attention_heads=2 cannot be split over sp=4", "valid sp for this model: 1, 2"],

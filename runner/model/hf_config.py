@@ -134,15 +134,56 @@ def checked_hf_config(model) -> dict:
             "architectures name a *ForCausalLM class (e.g. LlamaForCausalLM, Qwen2ForCausalLM)",
         )
     for keys in (HEAD_KEYS, VOCAB_KEYS):
-        found = _first(config, keys)
-        if found is None:
+        if _first(config, keys) is None:
             raise HFConfigError(
                 "model.overrides", f"{source} has no {keys[0]}; set it: model.overrides.{keys[0]}=VALUE"
             )
-        key, value = found
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise HFConfigError("model.overrides", f"{source}: {key}={value!r} must be a positive integer")
+    _check_sizes(config, source)
     return config
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_sizes(config: dict, source: str) -> None:
+    """The rules every attention and layer stack of transformers' causal LMs relies on, so that no size reaches
+    a rank and fails there: every size a positive integer; the query heads shared by whole groups of key/value
+    heads; the width split into the heads (unless `head_dim` says otherwise), each of an even size (rotary
+    position embeddings rotate feature pairs)."""
+    for keys in (HEAD_KEYS, VOCAB_KEYS, KV_HEAD_KEYS, LAYER_KEYS, WIDTH_KEYS, FFN_KEYS, POSITION_KEYS, ("head_dim",)):
+        found = _first(config, keys)  # an absent or null key takes the config class's default
+        if found and not _positive_int(found[1]):
+            key, value = found
+            raise HFConfigError(
+                "model.overrides", f"{source}: {key}={value!r} must be a positive integer (model.overrides.{key})"
+            )
+    heads_key, heads = _first(config, HEAD_KEYS)
+    kv = _first(config, KV_HEAD_KEYS)
+    if kv and heads % kv[1]:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise HFConfigError(
+            "model.overrides",
+            f"{source}: model.overrides.{heads_key}={heads} query heads cannot be shared among "
+            f"model.overrides.{kv[0]}={kv[1]} key/value heads; valid {kv[0]}: {', '.join(map(str, divisors))}",
+        )
+    width = _first(config, WIDTH_KEYS)
+    head_dim = config.get("head_dim")
+    if head_dim is None and width and width[1] % (2 * heads):
+        step = 2 * heads  # widths whose heads have an even size
+        lower = max(step, width[1] - width[1] % step)
+        raise HFConfigError(
+            "model.overrides",
+            f"{source}: model.overrides.{width[0]}={width[1]} must split into model.overrides.{heads_key}={heads} "
+            f"heads of an even size (rotary embeddings rotate feature pairs): use {width[0]}={lower} or "
+            f"{lower + step}, or set model.overrides.head_dim",
+        )
+    if head_dim is not None and head_dim % 2:
+        raise HFConfigError(
+            "model.overrides",
+            f"{source}: head_dim={head_dim} must be even (rotary embeddings rotate feature pairs): "
+            f"use model.overrides.head_dim={head_dim + 1}",
+        )
 
 
 def model_shape(model) -> ModelShape:
