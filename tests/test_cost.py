@@ -30,6 +30,7 @@ from analysis.load import load_sweeps
 from runner.config import counted_step
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
+from runner.sweep.machine import usable_cpu_cores
 from runner.train.components import build_parts
 from runner.train.loop import Trainer
 
@@ -53,13 +54,13 @@ def lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def start_load_when(condition, job: subprocess.Popen, timeout_s: float = 300):
+def start_load_when(condition, job: subprocess.Popen, timeout_s: float = 300, processes: int = 2):
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert job.poll() is None, job.communicate()
         assert time.monotonic() < deadline, "the job never reached the point where the load starts"
         time.sleep(0.1)
-    return cpu_load()
+    return cpu_load(processes)
 
 
 def test_load_mid_way_leaves_the_interleaved_null_control_at_one_and_fools_sequential_jobs(tmp_path):
@@ -98,7 +99,8 @@ def test_load_mid_way_leaves_the_interleaved_null_control_at_one_and_fools_seque
     job = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # The load starts once the second job has logged its first step: the first ran unloaded, the second loaded.
     second_started = lambda: any(lines(path) >= 1 for path in (tmp_path / "seq").glob("1_*/metrics.jsonl"))  # noqa: E731
-    with start_load_when(second_started, job):
+    # Two busy processes per core: the contrast holds even where the machine's own load varies under the first job.
+    with start_load_when(second_started, job, processes=2 * usable_cpu_cores()):
         output, _ = job.communicate(timeout=600)
     assert job.returncode == 0, output
     loaded = load_sweeps([tmp_path / "seq"])
