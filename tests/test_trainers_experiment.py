@@ -51,3 +51,13 @@ def test_every_trainer_option_is_a_distinct_valid_mode_with_its_expectation():
             assert cfg.custom.rule  # the trainers table's rule column
             fsdp = {"xtuner_pr1968": "sum", "torchtitan": "sum", "megatron": "sum"}.get(trainer, "mean")
             assert cfg.custom.fsdp_reduce.value == fsdp, trainer
+
+
+def test_a_trainer_option_alone_is_one_run_of_its_rule():
+    """`python -m runner trainer=xtuner`: the rule on the default experiment's layout, nothing else changed."""
+    default = run_config_from(composed([]))
+    assert default.reduction.value == "sum" and default.custom.fn is None  # no trainer unless one is chosen
+    for trainer, (want_label, _) in EXPECTED.items():
+        cfg = run_config_from(composed([f"trainer={trainer}", "model=hf_llama"]))
+        assert mode_label(cfg.reduction.value, cfg.autograd_all_reduce.value, cfg.custom.fn) == want_label, trainer
+        assert (cfg.world_size, cfg.grad_accum, cfg.model.name) == (default.world_size, default.grad_accum, "hf_llama")
