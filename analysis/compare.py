@@ -240,7 +240,7 @@ def _reason(rule: str, row) -> str:
         where = f" at step {_steps(row.diverged_at)}" if pd.notna(row.diverged_at) else ""
         return f"run {row.status}{where}" + (f": {row.error}" if row.error else "")
     if rule == "no baseline":
-        return "no completed baseline (sum run) for its group"
+        return "no completed baseline (sum run) for its group: sweep reduction=sum beside it (-m reduction=sum,...)"
     if rule == "nothing shared":
         return "no step logged by both runs"
     if rule == "other start":
