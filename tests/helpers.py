@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -40,3 +43,41 @@ def train_tokenizer(path: Path, vocab_size: int = 384) -> Path:
     tokenizer.train_from_iterator(document_texts(None, "text"), trainer)
     tokenizer.save(str(path))
     return path
+
+
+def run_module(module: str, args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300):
+    """`python -m module *args` in `cwd` as a user starts it: the launcher's rank variables (RANK, WORLD_SIZE...)
+    left out of the environment, so it spawns its own world."""
+    source = os.environ if env is None else env
+    env = {key: value for key, value in source.items() if not key.startswith(("RANK", "WORLD_SIZE"))}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def step_one_batch(cfg: RunConfig):
+    """The global batch of step 1, drawn as the ranks draw it (the runner's data, no packing)."""
+    from runner.data.batches import GlobalBatches, load_documents
+
+    return GlobalBatches(
+        load_documents(cfg.data),
+        seq_len=cfg.train.seq_len,
+        global_batch=cfg.train.global_batch,
+        seed=cfg.seed,
+        packing=False,
+    )(1)
+
+
+def step_one_through_parts(cfg: RunConfig, meshes):
+    """On every rank: step 1's forward and backward through the runner's own parts (`build_parts`: the model
+    sharded for the mode or custom.fsdp_reduce, the reducer from the config); returns (StepLoss, parts)."""
+    import torch
+
+    from runner.train.components import build_parts
+    from runner.train.reduction import forward_backward
+
+    parts = build_parts(cfg, meshes, torch.device("cpu"))
+    step = forward_backward(
+        parts.model, parts.local_share(parts.batches(1)), parts.reducer(cfg.reduction), parts.device
+    )
+    return step, parts

@@ -16,16 +16,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gloo_world import run_in_world
-from helpers import run_config
+from helpers import run_config, step_one_batch, step_one_through_parts
 
-from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents
+from runner.data.batches import IGNORE_INDEX
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
 from runner.model.registry import build_model
 from runner.modes import ALL_REDUCE_BACKWARD, AutogradAllReduce, Reduction, run_gradient
 from runner.train.all_reduce import differentiable_all_reduce
-from runner.train.components import build_parts
-from runner.train.reduction import forward_backward
 
 CFG = dict(train__seq_len=64, train__global_batch=12, seed=3)
 LAYOUTS = {"W2-GA2": ParallelLayout(2, 1, 2), "W4-SP2": ParallelLayout(4, 2, 2)}
@@ -79,10 +77,7 @@ def sum_mode_gradients(layout: ParallelLayout) -> dict:
             grad_accum=layout.grad_accum,
             **CFG,
         )
-        parts = build_parts(cfg, meshes, torch.device("cpu"))
-        step = forward_backward(
-            parts.model, parts.local_share(parts.batches(1)), parts.reducer(cfg.reduction), parts.device
-        )
+        step, parts = step_one_through_parts(cfg, meshes)
         out[implementation.value] = (step.loss, {n: p.grad.full_tensor() for n, p in parts.model.named_parameters()})
     return out
 
@@ -90,13 +85,7 @@ def sum_mode_gradients(layout: ParallelLayout) -> dict:
 @pytest.fixture(scope="module")
 def reference():
     cfg = run_config(**CFG)
-    batch = GlobalBatches(  # the runner's own data, as the ranks draw it
-        load_documents(cfg.data),
-        seq_len=cfg.train.seq_len,
-        global_batch=cfg.train.global_batch,
-        seed=cfg.seed,
-        packing=False,
-    )(1)
+    batch = step_one_batch(cfg)  # the runner's own data, as the ranks draw it
     model = build_model(cfg.model, cfg.seed)
     loss = F.cross_entropy(model(batch.inputs).flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)
     loss.backward()

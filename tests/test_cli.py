@@ -10,21 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_module
 
 from runner.modes import MODES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 QUICK = ["train.steps=2", "wandb.mode=disabled", "metrics.count_comm=false"]
-
-
-def run(module: str, args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
-    )
 
 
 def output(done: subprocess.CompletedProcess) -> str:
@@ -44,7 +38,7 @@ def output(done: subprocess.CompletedProcess) -> str:
 )
 def test_bad_input_is_refused_before_any_rank_with_the_field_named(tmp_path, args, field, says):
     """The examples of a newcomer's first hour (tests/test_refusals.py holds one of each kind)."""
-    done = run("runner", [*args, *QUICK, "hydra.run.dir=run"], tmp_path)
+    done = run_module("runner", [*args, *QUICK, "hydra.run.dir=run"], tmp_path)
     assert done.returncode == 2, output(done)
     assert field in output(done) and says in output(done), output(done)
     assert "Traceback" not in output(done)
@@ -57,45 +51,45 @@ def test_home_paths_expand_and_binary_text_is_refused_with_its_offset(tmp_path):
     (home / "corpus.txt").write_text("\n\n".join(f"Paragraph {i} of a small corpus of text." for i in range(40)))
     (home / "binary.txt").write_bytes(b"a text start, then \xff\xfe binary")
     env = {**os.environ, "HOME": str(home)}
-    done = run("runner", ["data.path=~/corpus.txt", *QUICK, "hydra.run.dir=run"], tmp_path, env)
+    done = run_module("runner", ["data.path=~/corpus.txt", *QUICK, "hydra.run.dir=run"], tmp_path, env)
     assert done.returncode == 0, output(done)
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "name: text" in config and "path: ~/corpus.txt" in config  # data.path alone: the text is the user's
-    refused = run("runner", ["data.path=~/binary.txt", *QUICK, "hydra.run.dir=bin"], tmp_path, env)
+    refused = run_module("runner", ["data.path=~/binary.txt", *QUICK, "hydra.run.dir=bin"], tmp_path, env)
     assert refused.returncode == 2 and "is not UTF-8 text (byte 19" in output(refused), output(refused)
     assert "Traceback" not in output(refused)
 
 
 def test_a_single_run_a_job_folder_and_a_cost_job_are_analysed_on_their_own(tmp_path):
-    single = run("runner", [*QUICK, "hydra.run.dir=outputs/one"], tmp_path)
+    single = run_module("runner", [*QUICK, "hydra.run.dir=outputs/one"], tmp_path)
     assert single.returncode == 0, output(single)
-    newest = run("analysis", ["--no-plots", "--wandb", "disabled"], tmp_path)  # the newest result: outputs/one
+    newest = run_module("analysis", ["--no-plots", "--wandb", "disabled"], tmp_path)  # the newest result: outputs/one
     assert newest.returncode == 0, output(newest)
     assert "reference" in newest.stdout and (tmp_path / "outputs/one/analysis/report.md").exists()
     assert "plots" not in newest.stdout.splitlines()[-1]  # --no-plots: it says what it wrote
     assert "## Plots" not in (tmp_path / "outputs/one/analysis/report.md").read_text()
 
-    sweep = run("runner", ["-m", "reduction=sum,local", *QUICK, "hydra.sweep.dir=s"], tmp_path)
+    sweep = run_module("runner", ["-m", "reduction=sum,local", *QUICK, "hydra.sweep.dir=s"], tmp_path)
     assert sweep.returncode == 0, output(sweep)
     job = next((tmp_path / "s").glob("1_*"))
-    inside = run("analysis", [str(job), "--no-plots", "--wandb", "disabled"], tmp_path)
+    inside = run_module("analysis", [str(job), "--no-plots", "--wandb", "disabled"], tmp_path)
     assert inside.returncode == 0 and "unfinished" not in inside.stdout, output(inside)
 
     cost_args = ["experiment=cost", "train.steps=12", "cost.floor_calls=20", "cost.modes=[sum,local,fsdp_sum]"]
-    cost = run("runner", [*cost_args, "wandb.mode=disabled", "hydra.run.dir=outputs/cost"], tmp_path)
+    cost = run_module("runner", [*cost_args, "wandb.mode=disabled", "hydra.run.dir=outputs/cost"], tmp_path)
     assert cost.returncode == 0, output(cost)
-    alone = run("analysis", ["outputs/cost", "--wandb", "disabled"], tmp_path)
+    alone = run_module("analysis", ["outputs/cost", "--wandb", "disabled"], tmp_path)
     assert alone.returncode == 0, output(alone)
     written = {p.name for p in (tmp_path / "outputs/cost/analysis").iterdir()}
     assert {"report.md", "cost.csv", "floor.csv", "interleaved_cost.png"} <= written and "verdicts.csv" not in written
-    both = run("analysis", ["s", "outputs/cost", "--no-plots", "--wandb", "disabled"], tmp_path)
+    both = run_module("analysis", ["s", "outputs/cost", "--no-plots", "--wandb", "disabled"], tmp_path)
     assert both.returncode == 0, output(both)
     report = (tmp_path / "s/analysis-combined/report.md").read_text()
     assert "## Cost, measured interleaved" in report and "| fsdp_sum" in report
 
     for given, says in (("README.md", "is a file"), ("nowhere", "does not exist")):
         (tmp_path / "README.md").write_text("not a sweep")
-        refused = run("analysis", [given], tmp_path)
+        refused = run_module("analysis", [given], tmp_path)
         assert refused.returncode == 2 and says in refused.stderr and "sweep directory" in refused.stderr
 
 
@@ -103,14 +97,14 @@ def test_a_rerun_with_another_config_keeps_the_earlier_run_and_the_tally_counts_
     corpus = tmp_path / "a.txt"
     corpus.write_text("\n\n".join(f"Paragraph {i} of the first corpus." for i in range(40)))
     fixed = ["hydra.sweep.subdir=${hydra.job.num}"]  # a job folder named by its number alone, as a custom subdir may
-    first = run(
+    first = run_module(
         "runner", ["-m", "reduction=sum,local", f"data.path={corpus}", *QUICK, "hydra.sweep.dir=s", *fixed], tmp_path
     )
     assert first.returncode == 0, output(first)
     earlier_metrics = (tmp_path / "s/0/metrics.jsonl").read_bytes()
     other = tmp_path / "b.txt"
     other.write_text("\n\n".join(f"Paragraph {i} of another corpus entirely." for i in range(40)))
-    again = run(
+    again = run_module(
         "runner", ["-m", "reduction=sum,local", f"data.path={other}", *QUICK, "hydra.sweep.dir=s", *fixed], tmp_path
     )
     assert again.returncode == 0, output(again)
@@ -118,7 +112,7 @@ def test_a_rerun_with_another_config_keeps_the_earlier_run_and_the_tally_counts_
     kept = list((tmp_path / "s/superseded").glob("0-*"))
     assert len(kept) == 1 and (kept[0] / "metrics.jsonl").read_bytes() == earlier_metrics
     assert "sweep: completed 2, failed 0, diverged 0, invalid 0, skipped 0" in output(again)
-    same = run(
+    same = run_module(
         "runner", ["-m", "reduction=sum,local", f"data.path={other}", *QUICK, "hydra.sweep.dir=s", *fixed], tmp_path
     )
     assert "sweep: completed 0, failed 0, diverged 0, invalid 0, skipped 2" in output(same), output(same)
@@ -129,14 +123,14 @@ def test_job_names_tell_every_swept_key_apart(tmp_path):
     for name in ("a.txt", "b.txt"):
         (tmp_path / name).write_text("\n\n".join(f"Paragraph {i} of {name}." for i in range(40)))
     paths = f"data.path={tmp_path / 'a.txt'},{tmp_path / 'b.txt'}"
-    done = run("runner", ["-m", paths, "reduction=sum", *QUICK, "hydra.sweep.dir=s"], tmp_path)
+    done = run_module("runner", ["-m", paths, "reduction=sum", *QUICK, "hydra.sweep.dir=s"], tmp_path)
     assert done.returncode == 0, output(done)
     names = sorted(p.name for p in (tmp_path / "s").iterdir() if p.is_dir())
     assert len(names) == 2 and "a.txt" in names[0] and "b.txt" in names[1] and "/" not in "".join(names)
 
 
 def test_help_lists_the_modes_axes_experiments_and_examples(tmp_path):
-    done = run("runner", ["--help"], tmp_path)
+    done = run_module("runner", ["--help"], tmp_path)
     assert done.returncode == 0
     for word in [
         *MODES,
@@ -149,8 +143,8 @@ def test_help_lists_the_modes_axes_experiments_and_examples(tmp_path):
 
 
 def test_analysis_replaces_its_wandb_run_when_run_again(tmp_path):
-    assert run("runner", ["train.steps=2", "hydra.run.dir=r"], tmp_path).returncode == 0  # W&B offline
+    assert run_module("runner", ["train.steps=2", "hydra.run.dir=r"], tmp_path).returncode == 0  # W&B offline
     for _ in range(2):
-        done = run("analysis", ["r", "--no-plots"], tmp_path)
+        done = run_module("analysis", ["r", "--no-plots"], tmp_path)
         assert done.returncode == 0, output(done)
     assert len(list((tmp_path / "r/analysis/wandb").glob("offline-run-*"))) == 1

@@ -16,14 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gloo_world import run_in_world
-from helpers import run_config
+from helpers import run_config, step_one_batch, step_one_through_parts
 
-from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents
+from runner.data.batches import IGNORE_INDEX
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
 from runner.model.registry import build_model
-from runner.train.components import build_parts
-from runner.train.reduction import forward_backward
 
 CFG = dict(train__seq_len=64, train__global_batch=12, seed=3)
 LAYOUTS = {"W2-GA2": ParallelLayout(2, 1, 2), "W4-SP2": ParallelLayout(4, 2, 2)}
@@ -74,10 +72,7 @@ def custom_gradients(layout: ParallelLayout, names: list[str]) -> dict:
             grad_accum=layout.grad_accum,
             **CFG,
         )
-        parts = build_parts(cfg, meshes, torch.device("cpu"))
-        step = forward_backward(
-            parts.model, parts.local_share(parts.batches(1)), parts.reducer(cfg.reduction), parts.device
-        )
+        step, parts = step_one_through_parts(cfg, meshes)
         grads = {n: p.grad.full_tensor() for n, p in parts.model.named_parameters()}
         out[name] = (step.loss, step.reported, grads)
     return out
@@ -85,13 +80,7 @@ def custom_gradients(layout: ParallelLayout, names: list[str]) -> dict:
 
 def _batch():
     cfg = run_config(**CFG)
-    return cfg, GlobalBatches(
-        load_documents(cfg.data),
-        seq_len=cfg.train.seq_len,
-        global_batch=cfg.train.global_batch,
-        seed=cfg.seed,
-        packing=False,
-    )(1)
+    return cfg, step_one_batch(cfg)
 
 
 def _backward(loss_of) -> tuple[float, dict]:

@@ -10,13 +10,9 @@ not apply to it.)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from helpers import run_module
 
 STEPS = 4
 PER_RANK_MEAN = '''
@@ -30,24 +26,13 @@ def per_rank_token_mean(logits, labels, ctx):
 '''
 
 
-def run(module: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory):
     root = tmp_path_factory.mktemp("custom_runs")
     (root / "my_reductions.py").write_text(PER_RANK_MEAN)
     common = [f"train.steps={STEPS}", "wandb.mode=disabled"]
     axis = root / "axis"
-    done = run(
+    done = run_module(
         "runner",
         [
             "-m",
@@ -57,13 +42,16 @@ def analysed(tmp_path_factory):
             f"hydra.sweep.dir={axis}",
         ],
         root,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     custom = root / "custom"
     fn = ["reduction=local,custom", "custom.fn=my_reductions:per_rank_token_mean", "custom.expect=different"]
-    done = run("runner", ["-m", *fn, *common, f"hydra.sweep.dir={custom}"], root)
+    done = run_module("runner", ["-m", *fn, *common, f"hydra.sweep.dir={custom}"], root, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    checked = run("analysis", [str(axis), str(custom), "--check", "--no-plots", "--wandb", "disabled"], root)
+    checked = run_module(
+        "analysis", [str(axis), str(custom), "--check", "--no-plots", "--wandb", "disabled"], root, timeout=600
+    )
     verdicts = pd.read_csv(axis / "analysis-combined" / "verdicts.csv")
     return checked, verdicts
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gloo_world import run_in_world
-from helpers import run_config
+from helpers import run_config, step_one_batch
 
-from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
+from runner.data.batches import IGNORE_INDEX, local_micro_batches
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes, parallelize
 from runner.model.registry import build_model
@@ -34,21 +34,11 @@ FACTOR = {
 }
 
 
-def _step_one(cfg):
-    return GlobalBatches(
-        load_documents(cfg.data),
-        seq_len=cfg.train.seq_len,
-        global_batch=cfg.train.global_batch,
-        seed=cfg.seed,
-        packing=False,
-    )(1)
-
-
 def world_gradients(world_size: int) -> dict:
     """On every rank: each mode's step-1 (loss, reported loss, full gradient) for each grad_accum."""
     cfg = run_config(**CFG)
     meshes = build_meshes(ParallelLayout(world_size, 1, 1), "cpu")
-    batch = _step_one(cfg)
+    batch = step_one_batch(cfg)
     results = {}
     for grad_accum in GRAD_ACCUMS:
         micro_batches = local_micro_batches(
@@ -67,7 +57,7 @@ def world_gradients(world_size: int) -> dict:
 @pytest.fixture(scope="module")
 def reference():
     cfg = run_config(**CFG)
-    batch = _step_one(cfg)
+    batch = step_one_batch(cfg)
     model = build_model(cfg.model, cfg.seed)
     logits = model(batch.inputs)
     loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)  # token mean
@@ -123,7 +113,7 @@ SP_MODES = (Reduction.sum, Reduction.local, Reduction.mean_of_means)
 def world_sp_gradients(world_size: int) -> dict:
     """At W = world_size, for each sp: step-1 (loss, full gradient) of `sum` and `local`."""
     cfg = run_config(**CFG)
-    batch = _step_one(cfg)
+    batch = step_one_batch(cfg)
     results = {}
     for sp in SP_DEGREES:
         layout = ParallelLayout(world_size, sp, 1)
@@ -164,7 +154,7 @@ def test_sequence_parallel_gradients_match_reference(sp_world, reference, sp, mo
 def mean_of_means_reference(dp: int, grad_accum: int) -> tuple[float, dict]:
     """The whole-sequence rule in one process: each micro-batch's token mean, averaged over the dp * M of them."""
     cfg = run_config(**CFG)
-    batch = _step_one(cfg)
+    batch = step_one_batch(cfg)
     model = build_model(cfg.model, cfg.seed)
     shards = dp * grad_accum
     means = [

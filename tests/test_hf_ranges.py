@@ -10,21 +10,13 @@ which must finish without raising.
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
 from gloo_world import run_in_world
 from helpers import MODEL_PRESETS
 from omegaconf import OmegaConf
+from test_ranges import first_step_of_each, refusal
 
-from runner.config import config_with, rank_config
-from runner.layout import ParallelLayout
-from runner.model.parallel import build_meshes
-from runner.sweep.machine import machine_problems, usable_cpu_cores
-from runner.sweep.validate import config_problems
-from runner.train.components import build_parts
-from runner.train.loop import Trainer
+from runner.config import config_with
 
 pytestmark = pytest.mark.slow
 
@@ -53,31 +45,23 @@ def config_of(preset: str, key: str, value: int):
     return cfg
 
 
-def first_steps(cases: list[tuple[str, str, int]]) -> dict[tuple, str]:
-    """On every rank: each accepted config's parts and first step."""
-    outcomes = {}
-    for case in cases:
-        cfg = rank_config(config_of(*case))
-        parts = build_parts(cfg, build_meshes(ParallelLayout.from_config(cfg), "cpu"), torch.device("cpu"))
-        trainer = Trainer(parts)
-        record = trainer.step(1)
-        trainer.gather_pending()
-        outcomes[case] = "completed" if math.isfinite(record["loss"]) else "diverged"
-    return outcomes
+def case_id(preset: str, key: str, value: int) -> str:
+    return f"{preset}-{key}={value}"
 
 
 @pytest.fixture(scope="module")
 def judged() -> tuple[dict, dict]:
+    """(refusals, outcomes of the accepted configs' first steps), per case id."""
     refused, accepted = {}, []
     for case in CASES:
         cfg = config_of(*case)
-        problems = config_problems(cfg) or machine_problems(cfg, cuda_devices=0, cpu_cores=usable_cpu_cores())
+        problems = refusal(cfg)
         if problems:
-            refused[case] = problems
+            refused[case_id(*case)] = problems
         else:
-            accepted.append(case)
+            accepted.append((case_id(*case), cfg))
     assert accepted  # some values are sizes a model can have: they must train
-    return refused, run_in_world(first_steps, 2, accepted, timeout_s=600)[0]
+    return refused, run_in_world(first_step_of_each, 2, accepted, timeout_s=600)[0]
 
 
 def test_every_size_of_the_presets_is_tried():
@@ -85,10 +69,10 @@ def test_every_size_of_the_presets_is_tried():
     assert {"hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"} <= set(integer_keys("hf_llama"))
 
 
-@pytest.mark.parametrize("preset, key, value", CASES, ids=[f"{p}-{k}={v}" for p, k, v in CASES])
+@pytest.mark.parametrize("preset, key, value", CASES, ids=[case_id(*case) for case in CASES])
 def test_a_size_is_refused_naming_its_key_or_trains(judged, preset, key, value):
     refused, outcomes = judged
-    case = (preset, key, value)
+    case = case_id(preset, key, value)
     if case in refused:
         messages = " ".join(message for _, message in refused[case])
         assert f"model.overrides.{key}" in messages, f"{key}={value} refused without naming its key: {messages}"

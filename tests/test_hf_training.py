@@ -14,24 +14,20 @@ imports transformers in every rank.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gloo_world import run_in_world
-from helpers import run_config
+from helpers import run_config, run_module, step_one_batch, step_one_through_parts
 from test_gradients import FACTOR
 
-from runner.data.batches import IGNORE_INDEX, GlobalBatches, load_documents, local_micro_batches
+from runner.data.batches import IGNORE_INDEX, local_micro_batches
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes, parallelize
 from runner.model.registry import build_model
 from runner.modes import Reduction, facts
-from runner.train.components import build_parts
 from runner.train.gradients import GradientSketch, clip_gradients
 from runner.train.reduction import LossReducer, forward_backward
 
@@ -44,16 +40,6 @@ SP_DEGREES = (1, 2, 4)  # hf_llama's 2 key/value heads: moved as they are at sp=
 
 def _config(model: str, **more):
     return run_config(model, **CFG, **more)
-
-
-def _step_one(cfg):
-    return GlobalBatches(
-        load_documents(cfg.data),
-        seq_len=cfg.train.seq_len,
-        global_batch=cfg.train.global_batch,
-        seed=cfg.seed,
-        packing=False,
-    )(1)
 
 
 def _measured(model, cfg, group) -> tuple[float, list[float], dict[str, torch.Tensor]]:
@@ -69,7 +55,7 @@ def world_step_one(world_size: int, layouts: list[tuple[int, int]], modes: list[
     results = {}
     for name in MODELS:
         cfg = _config(name)
-        batch = _step_one(cfg)
+        batch = step_one_batch(cfg)
         for sp, grad_accum in layouts:
             layout = ParallelLayout(world_size, sp, grad_accum)
             meshes = build_meshes(layout, "cpu")
@@ -96,7 +82,7 @@ def references() -> dict:
     found = {}
     for name in MODELS:
         cfg = _config(name)
-        batch = _step_one(cfg)
+        batch = step_one_batch(cfg)
         model = build_model(cfg.model, cfg.seed)
         logits = model.hf(input_ids=batch.inputs).logits  # the HF model itself, default positions and attention
         loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)
@@ -184,10 +170,7 @@ def world_other_rules(model: str) -> dict:
     for run_id, (overrides, _) in OTHER_RULES.items():
         cfg = _config(model, world_size=2, grad_accum=2, **overrides)
         meshes = build_meshes(ParallelLayout(2, 1, 2), "cpu")
-        parts = build_parts(cfg, meshes, torch.device("cpu"))
-        step = forward_backward(
-            parts.model, parts.local_share(parts.batches(1)), parts.reducer(cfg.reduction), parts.device
-        )
+        step, parts = step_one_through_parts(cfg, meshes)
         tied = parts.model.hf.lm_head.weight is parts.model.hf.model.embed_tokens.weight
         results[run_id] = (step.loss, *_measured(parts.model, cfg, meshes.world_group), tied)
     return results
@@ -214,13 +197,8 @@ def test_bf16_compute_keeps_the_gradient(world2):
 
 def test_a_short_run_of_hf_llama_completes(tmp_path):
     """The whole path: `python -m runner model=hf_llama train.steps=3` on 2 ranks."""
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", "model=hf_llama", "train.steps=3", "wandb.mode=disabled", "hydra.run.dir=run"],
-        cwd=tmp_path,
-        env={key: value for key, value in os.environ.items() if not key.startswith(("RANK", "WORLD_SIZE"))},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_module(
+        "runner", ["model=hf_llama", "train.steps=3", "wandb.mode=disabled", "hydra.run.dir=run"], tmp_path
     )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 from gloo_world import run_in_world
+from omegaconf import DictConfig
 
 from runner.config import RunConfig, config_with, rank_config
 from runner.layout import ParallelLayout
@@ -46,8 +47,8 @@ def config_for(name: str, value) -> dict:
     return {**BASE, **(COST if name.startswith("cost.") else {}), name: value}
 
 
-def refusal(overrides: dict) -> list[tuple[str, str]]:
-    cfg = config_with(overrides)
+def refusal(cfg: DictConfig) -> list[tuple[str, str]]:
+    """What `python -m runner` refuses of this config before launch: its rules, then this machine's."""
     problems = config_problems(cfg)
     return problems or machine_problems(cfg, cuda_devices=0, cpu_cores=usable_cpu_cores())
 
@@ -59,11 +60,11 @@ def test_every_numeric_field_declares_its_range():
         assert default is None or valid.holds(default), (name, default)
 
 
-def first_step_of_each(configs: list[tuple[str, dict]]) -> dict[str, str]:
+def first_step_of_each(configs: list[tuple[str, DictConfig]]) -> dict[str, str]:
     """On every rank: build each config's parts and run its first step (the cost loop for a cost job)."""
     outcomes = {}
-    for case, overrides in configs:
-        cfg = rank_config(config_with(overrides))
+    for case, composed in configs:
+        cfg = rank_config(composed)
         parts = build_parts(cfg, build_meshes(ParallelLayout.from_config(cfg), "cpu"), torch.device("cpu"))
         if cfg.cost.modes:
             result = measure_cost(parts, None)
@@ -81,11 +82,12 @@ def judged() -> tuple[dict, dict]:
     """(refusals, outcomes of the accepted configs' first steps), per (field, value)."""
     refused, accepted = {}, []
     for name, value in CASES:
-        problems = refusal(config_for(name, value))
+        cfg = config_with(config_for(name, value))
+        problems = refusal(cfg)
         if problems:
             refused[name, value] = problems
         else:
-            accepted.append((f"{name}={value}", config_for(name, value)))
+            accepted.append((f"{name}={value}", cfg))
     assert accepted
     outcomes = run_in_world(first_step_of_each, 2, accepted, timeout_s=600)[0] if accepted else {}
     return refused, outcomes

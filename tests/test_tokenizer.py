@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import run_config, train_tokenizer
+from helpers import run_config, run_module, train_tokenizer
 
 from runner.config import config_with
 from runner.data.batches import IGNORE_INDEX, PAD_TOKEN, GlobalBatches, load_documents, packing_separator
@@ -88,14 +87,7 @@ def test_the_tokenizers_library_never_imports_torch():
 @pytest.mark.slow
 def test_a_run_with_a_tokenizer_completes(tokenizer, tmp_path):
     overrides = [f"data.tokenizer={tokenizer}", f"model.vocab_size={VOCAB}", "train.steps=2", "wandb.mode=disabled"]
-    done = subprocess.run(
-        [sys.executable, "-m", "runner", *overrides, "hydra.run.dir=run"],
-        cwd=tmp_path,
-        env={key: value for key, value in os.environ.items() if not key.startswith(("RANK", "WORLD_SIZE"))},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_module("runner", [*overrides, "hydra.run.dir=run"], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["loss"] == pytest.approx(math.log(VOCAB), abs=0.3)  # about uniform over the vocab at init
