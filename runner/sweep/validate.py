@@ -3,7 +3,8 @@
 OmegaConf checks types and enum values against `runner.config.RunConfig`;
 `runner.ranges` checks every numeric field against the range declared beside
 it; this module adds the rules that tie fields together (the layout, the
-model's shape, the data, the cost measurement, fault injection). Every message
+data, the cost measurement, fault injection, and the model's, in
+`runner.sweep.model_rules`). Every message
 names the field, its value and what would be valid. Rules about the machine
 are in `runner.sweep.machine`.
 """
@@ -15,21 +16,18 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from runner.config import FAULT_KINDS, ModelConfig, RunConfig
+from runner.config import FAULT_KINDS, RunConfig
 from runner.data.corpus import CorpusError, corpus_problem, tokenizer_vocab_size
 from runner.layout import ParallelLayout
-from runner.model.hf_config import HFConfigError, ModelShape, model_shape
 from runner.modes import custom_expectation
 from runner.ranges import range_problems
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
+from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
 from runner.sweep.overrides import schema_keys
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 EXIT_INVALID = 2  # the exit status of a run refused before launch (as argparse's for bad arguments)
-BYTE_VOCAB = 256
-
-Problems = list[tuple[str, str]]
 
 
 class InvalidConfig(ValueError):
@@ -49,16 +47,16 @@ def config_problems(cfg: DictConfig) -> Problems:
     problems = range_problems(cfg, RunConfig)
     if problems:
         return problems
-    shape, problems = _model_problems(cfg.model)
+    shape, problems = model_problems(cfg.model)
     problems += ParallelLayout.from_config(cfg).problems(
         global_batch=cfg.train.global_batch,
         seq_len=cfg.train.seq_len,
         n_heads=shape.heads if shape else None,
         heads_field=shape.heads_field if shape else "model.n_heads",
     )
-    problems += _positions_problems(cfg, shape)
+    problems += positions_problems(cfg, shape)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
-    problems += _vocab_problems(cfg, shape)
+    problems += vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)
     problems += _fault_problems(cfg)
@@ -79,104 +77,12 @@ def validate(cfg: DictConfig) -> None:
         raise InvalidConfig(problems)
 
 
-# The own decoder's fields (ModelConfig's), which a Hugging Face model does not read.
-DECODER_FIELDS = ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "rope_theta", "norm_eps", "init_std")
-
-
-def _other_architectures_fields(model: DictConfig) -> Problems:
-    """Fields set for the other architecture, which this one would silently ignore."""
-    if model.arch.value == "hf":
-        defaults = ModelConfig()
-        return [
-            (
-                f"model.{name}",
-                f"model.{name}={getattr(model, name)} is the own decoder's; model.arch=hf reads a Hugging Face config: "
-                "set its key instead, e.g. model.overrides.num_hidden_layers=4",
-            )
-            for name in DECODER_FIELDS + ("tie_embeddings",)
-            if getattr(model, name) != getattr(defaults, name)
-        ]
-    return [
-        (
-            f"model.{name}",
-            f"model.{name} is for model.arch=hf (a Hugging Face config); model={model.name} is the own decoder "
-            "(model.n_layers, model.d_model, ...), or use model=hf_llama, hf_qwen2 or hf",
-        )
-        for name in ("config", "overrides")
-        if getattr(model, name)
-    ]
-
-
-def _model_problems(model: DictConfig) -> tuple[ModelShape | None, Problems]:
-    """The effective model's shape (None when it has none) and the rules its own fields break.
-
-    The own decoder: attention splits d_model into n_heads heads, and RoPE rotates pairs of features (an even
-    head dim). A Hugging Face model: its config must give a causal LM (`runner.model.hf_config`).
-    """
-    found = _other_architectures_fields(model)
-    if model.arch.value == "hf":
-        try:
-            return model_shape(model), found
-        except HFConfigError as error:
-            return None, found + [(error.field, str(error))]
-    if model.d_model % model.n_heads or (model.d_model // model.n_heads) % 2:
-        step = 2 * model.n_heads  # d_model values with an even head dim
-        lower = max(step, model.d_model - model.d_model % step)
-        found.append(
-            (
-                "model.d_model",
-                f"model.d_model={model.d_model} must split into model.n_heads={model.n_heads} heads of an even size "
-                f"(RoPE rotates feature pairs): use a multiple of {step} (e.g. {lower} or {lower + step})",
-            )
-        )
-    return model_shape(model), found
-
-
-def _positions_problems(cfg: DictConfig, shape: ModelShape | None) -> Problems:
-    """A Hugging Face config's declared longest sequence (learned position tables end there)."""
-    if shape is None or shape.max_positions is None or cfg.train.seq_len <= shape.max_positions[1]:
-        return []
-    key, limit = shape.max_positions
-    return [
-        (
-            "train.seq_len",
-            f"train.seq_len={cfg.train.seq_len} exceeds the model's {key}={limit}; "
-            f"use train.seq_len<={limit}, or model.overrides.{key}={cfg.train.seq_len} if its positions allow it",
-        )
-    ]
-
-
-def _vocab_problems(cfg: DictConfig, shape: ModelShape | None) -> Problems:
-    """Every token id of the data must be a row of the model's embedding: 256 bytes, or the tokenizer's vocab."""
-    tokenizer = cfg.data.tokenizer
-    if tokenizer is None:
-        data_vocab, source = BYTE_VOCAB, "byte-level tokens"
-    else:
-        try:
-            data_vocab = tokenizer_vocab_size(tokenizer)
-        except CorpusError as error:
-            return [("data.tokenizer", str(error))]
-        source = f"the vocab of data.tokenizer={tokenizer}"
-    if shape is None or shape.vocab_size >= data_vocab:
-        return []
-    field = "model.vocab_size" if cfg.model.arch.value != "hf" else "model.overrides"
-    fix = "model.vocab_size" if cfg.model.arch.value != "hf" else "model.overrides.vocab_size"
-    return [
-        (
-            field,
-            f"{shape.vocab_field}={shape.vocab_size} must be >= {data_vocab} ({source}); "
-            f"set {fix}={data_vocab} or more"
-            + ("" if tokenizer else ", or data.tokenizer=PATH with a vocab that fits"),
-        )
-    ]
-
-
 def _data_problems(data: DictConfig, *, seq_len: int) -> Problems:
     if data.path is None and data.name != "embedded":
         return [("data.path", f"data={data.name} needs data.path=FILE_OR_FOLDER (.txt, a folder of .txt, or .jsonl)")]
     found = [] if data.path is None else _data_path_problems(data.path)
     tokenizer_readable = data.tokenizer is None or _readable_tokenizer(data.tokenizer)
-    if not found and tokenizer_readable:  # an unreadable tokenizer is _vocab_problems' to report
+    if not found and tokenizer_readable:  # an unreadable tokenizer is vocab_problems' to report
         # Reads (and tokenizes) the data once per sweep (cached on the files' size and mtime), as the ranks will.
         problem = corpus_problem(
             data.path, data.text_field, seq_len=seq_len, packing=data.packing, tokenizer=data.tokenizer
