@@ -12,12 +12,14 @@ import math
 from dataclasses import dataclass
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, ascending (in about sqrt(n) steps: n may be as large as a user types)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
-def _near_multiples(value: int, of: int) -> str:
+def near_multiples(value: int, of: int) -> str:
+    """The two multiples of `of` nearest `value` (the lower at least `of`), as a message suggests them."""
     lower = max(of, value - value % of)
     return f"{lower} or {lower + of}"
 
@@ -56,7 +58,7 @@ class ParallelLayout:
         # Suggest only degrees that pass every sp rule: they divide the world, the heads and the sequence.
         valid = ", ".join(
             str(d)
-            for d in _divisors(self.world_size)
+            for d in divisors(self.world_size)
             if (n_heads is None or n_heads % d == 0) and seq_len % d == 0  # unknown heads: no rule of theirs
         )
         if self.world_size % self.sp:
@@ -73,7 +75,7 @@ class ParallelLayout:
                 (
                     "train.seq_len",
                     f"train.seq_len={seq_len} cannot be split into sp={self.sp} equal chunks; "
-                    f"use a multiple of {self.sp} (e.g. {_near_multiples(seq_len, self.sp)})",
+                    f"use a multiple of {self.sp} (e.g. {near_multiples(seq_len, self.sp)})",
                 )
             )
         split = self.dp * self.grad_accum
@@ -83,7 +85,7 @@ class ParallelLayout:
                     "train.global_batch",
                     f"train.global_batch={global_batch} cannot be split evenly over "
                     f"dp * grad_accum = {self.dp} * {self.grad_accum} = {split}; "
-                    f"use a multiple of {split} (e.g. {_near_multiples(global_batch, split)})",
+                    f"use a multiple of {split} (e.g. {near_multiples(global_batch, split)})",
                 )
             )
         return found

@@ -135,6 +135,16 @@ def test_composition_rejects(overrides, names):
         (["model=hf_llama", "model.n_layers=4"], "model.n_layers", "set its key instead, e.g. model.overrides"),
         (["model=tiny", "model.overrides.num_hidden_layers=4"], "model.overrides", "is for model.arch=hf"),
         (["model=hf_llama", "train.seq_len=8192"], "train.seq_len", "exceeds the model's max_position_embeddings=4096"),
+        (
+            # the valid key/value heads of 10^12 query heads: its 169 divisors, found in sqrt(10^12) steps, not 10^12
+            [
+                "model=hf_llama",
+                "model.overrides.num_attention_heads=1000000000000",
+                "model.overrides.num_key_value_heads=3",
+            ],
+            "model.overrides",
+            "valid num_key_value_heads: 1, 2, 4, 5, 8, 10,",
+        ),
         (["metrics.sketch_dim=-1"], "metrics.sketch_dim", ">= 0"),
         (["metrics.gather_every=0"], "metrics.gather_every", ">= 1"),
         (["wandb.log_every=0"], "wandb.log_every", ">= 1"),

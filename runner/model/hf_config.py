@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.layout import divisors, near_multiples
+
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # LlamaForCausalLM ...; GPT2LMHeadModel (GPT-2's family)
 # Key aliases of PretrainedConfig.attribute_map in the architectures that use other names (GPT-2, Falcon, ...).
 HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
@@ -161,22 +163,19 @@ def _check_sizes(config: dict, source: str) -> None:
     heads_key, heads = _first(config, HEAD_KEYS)
     kv = _first(config, KV_HEAD_KEYS)
     if kv and heads % kv[1]:
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
         raise HFConfigError(
             "model.overrides",
             f"{source}: model.overrides.{heads_key}={heads} query heads cannot be shared among "
-            f"model.overrides.{kv[0]}={kv[1]} key/value heads; valid {kv[0]}: {', '.join(map(str, divisors))}",
+            f"model.overrides.{kv[0]}={kv[1]} key/value heads; valid {kv[0]}: {', '.join(map(str, divisors(heads)))}",
         )
     width = _first(config, WIDTH_KEYS)
     head_dim = config.get("head_dim")
     if head_dim is None and width and width[1] % (2 * heads):
-        step = 2 * heads  # widths whose heads have an even size
-        lower = max(step, width[1] - width[1] % step)
         raise HFConfigError(
             "model.overrides",
             f"{source}: model.overrides.{width[0]}={width[1]} must split into model.overrides.{heads_key}={heads} "
-            f"heads of an even size (rotary embeddings rotate feature pairs): use {width[0]}={lower} or "
-            f"{lower + step}, or set model.overrides.head_dim",
+            f"heads of an even size (rotary embeddings rotate feature pairs): use {width[0]}="
+            f"{near_multiples(width[1], 2 * heads)}, or set model.overrides.head_dim",
         )
     if head_dim is not None and head_dim % 2:
         raise HFConfigError(

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from runner.config import ModelConfig
 from runner.data.corpus import CorpusError, tokenizer_vocab_size
+from runner.layout import near_multiples
 from runner.model.hf_config import HFConfigError, ModelShape, model_shape
 
 BYTE_VOCAB = 256
@@ -59,13 +60,12 @@ def model_problems(model: DictConfig) -> tuple[ModelShape | None, Problems]:
         except HFConfigError as error:
             return None, found + [(error.field, str(error))]
     if model.d_model % model.n_heads or (model.d_model // model.n_heads) % 2:
-        step = 2 * model.n_heads  # d_model values with an even head dim
-        lower = max(step, model.d_model - model.d_model % step)
         found.append(
             (
                 "model.d_model",
                 f"model.d_model={model.d_model} must split into model.n_heads={model.n_heads} heads of an even size "
-                f"(RoPE rotates feature pairs): use a multiple of {step} (e.g. {lower} or {lower + step})",
+                f"(RoPE rotates feature pairs): use a multiple of {2 * model.n_heads} "
+                f"(e.g. {near_multiples(model.d_model, 2 * model.n_heads)})",
             )
         )
     return model_shape(model), found
