@@ -20,7 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.modes import AutogradAllReduce, Reduction
 from runner.ranges import ranged
-from runner.record.config_file import write_config_copy
 
 
 class OptimizerName(str, Enum):
@@ -299,12 +298,6 @@ def config_with(overrides: dict[str, object]) -> DictConfig:
 def run_config_yaml(cfg: DictConfig) -> str:
     """The text of a job's config.yaml."""
     return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def save_run_config(cfg: DictConfig, path: Path) -> None:
-    """config.yaml, and the JSON copy of it that the analysis reads (`runner.record.config_file`)."""
-    path.write_text(run_config_yaml(cfg))
-    write_config_copy(path)
 
 
 def load_run_config(path: Path) -> DictConfig:

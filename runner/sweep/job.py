@@ -23,8 +23,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config import rank_config, run_config_from, run_config_yaml, save_run_config
+from runner.config import rank_config, run_config_from, run_config_yaml
 from runner.layout import ParallelLayout
+from runner.record.config_file import write_config
 from runner.record.summary import read_summary, update_summary
 from runner.sweep import interrupts, rerun
 from runner.sweep.machine import machine_problems, machine_shortfall, usable_cpu_cores, visible_cuda_devices
@@ -70,7 +71,7 @@ def run_job(hydra_task_cfg: DictConfig) -> dict:
         )
     if earlier == "stale":
         rerun.clear(job_dir)
-    save_run_config(cfg, job_dir / "config.yaml")  # kept whatever happens next, invalid and skipped jobs too
+    write_config(job_dir / "config.yaml", config_yaml)  # kept whatever happens next, invalid and skipped jobs too
     env = rank_env()  # None: this process starts the ranks, on this machine
     cuda_devices = visible_cuda_devices() if env is None else 0
     problems = config_problems(cfg)

@@ -1,4 +1,5 @@
-"""A counter of every collective this rank issues: calls, payload bytes and seconds per kind.
+"""A counter of every collective this rank issues: calls, payload bytes and seconds per kind; both loops use it
+(the training loop through `meter.py`, the cost loop in `runner.measure.cost`).
 
 It is a TorchDispatchMode, so it sees each collective where it enters the
 dispatcher: the c10d ops behind `torch.distributed.*` (FSDP2's all-gathers
