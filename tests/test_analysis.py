@@ -1,4 +1,4 @@
-"""The analysis on synthetic sweeps whose answers are known by construction (analysis.synthetic)."""
+"""The analysis on synthetic sweeps whose answers are known by construction (analysis.testing.synthetic)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main as analysis_main
-from analysis.compare import Tolerances, factor_label
+from analysis.gradients.tolerances import Tolerances
+from analysis.gradients.verdicts import factor_label
 from analysis.pipeline import analyze
-from analysis.synthetic import SyntheticRun, true_trajectory, write_sweep
+from analysis.testing.synthetic import SyntheticRun, true_trajectory, write_sweep
 
 TURN = 0.1  # radians: the mean_of_means stand-in's change of direction
 

@@ -1,9 +1,11 @@
 """The package's dependency rules (docs/extending.md), checked on every file's imports and in fresh interpreters.
 
-- Layers: the runner's packages are stacked in an order (RUNNER_LAYERS), and no
-  file imports from a layer above its own, nor from another package of its own
-  layer; its own package it may use freely. Read from every file's import
-  statements, those inside functions too. The runner never imports the analysis.
+- Layers: the runner's packages are stacked in an order (RUNNER_LAYERS), and so
+  are the analysis' (ANALYSIS_LAYERS); no file imports from a layer above its
+  own, nor from another package of its own layer; its own package it may use
+  freely. Read from every file's import statements, those inside functions too.
+  The runner never imports the analysis; nothing on the analysis' path imports
+  its test helpers (`analysis.testing`, the top layer).
 - The sweep side (the Hydra process that validates jobs and spawns ranks) never
   imports torch: a sweep's launching process stays light, and bad input is
   refused in about a second.
@@ -41,6 +43,17 @@ RUNNER_LAYERS = [
     ("runner.world",),  # a rank's life: it runs the training or the cost loop
     ("runner.sweep",),  # the Hydra process: it spawns the ranks
     ("runner.__main__", "runner.testing"),  # entry points: nothing imports them
+]
+ANALYSIS_LAYERS = [
+    ("analysis.nanstats",),  # NumPy's NaN-aware statistics without its per-line loop
+    ("analysis.load",),  # records into DataFrames and [run, step] arrays; each run's identity; runs.parquet
+    ("analysis.gradients", "analysis.cost"),  # the verdicts; the cost (interleaved inference, collective counts)
+    ("analysis.trainers",),  # what the runs show about trainers' rules (beside it: later such tables)
+    ("analysis.plots",),
+    ("analysis.report",),  # the answer and one module per section (it names the plots' files and captions)
+    ("analysis.wandb_log",),
+    ("analysis.pipeline",),  # start to end
+    ("analysis.__main__", "analysis.testing"),  # the CLI; the test and benchmark helpers
 ]
 
 PROBE = """
@@ -136,13 +149,17 @@ def upward_imports(package: str, layers: list[tuple[str, ...]], ours: tuple[str,
 
 
 def test_every_layer_names_a_real_package_or_module():
-    for units in RUNNER_LAYERS:
+    for units in RUNNER_LAYERS + ANALYSIS_LAYERS:
         for unit in units:
             assert is_module(unit), unit
 
 
 def test_no_runner_file_imports_upward():
     assert upward_imports("runner", RUNNER_LAYERS, ("runner",)) == []
+
+
+def test_no_analysis_file_imports_upward():
+    assert upward_imports("analysis", ANALYSIS_LAYERS, ("analysis",)) == []
 
 
 def test_the_runner_never_imports_the_analysis():

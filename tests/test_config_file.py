@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import yaml
 
-from analysis.load import load_sweeps
-from analysis.synthetic import SyntheticRun, write_sweep
+from analysis.load.sweeps import load_sweeps
+from analysis.testing.synthetic import SyntheticRun, write_sweep
 from runner.config import config_with, run_config_yaml
 from runner.record.config_file import COPY_NAME, read_config, write_config, write_config_copy
 

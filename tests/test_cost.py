@@ -23,10 +23,10 @@ import torch
 from gloo_world import run_in_world
 from helpers import run_config
 
-from analysis.comm import comm_table
-from analysis.cost import cost_table
-from analysis.groups import assign_groups
-from analysis.load import load_sweeps
+from analysis.cost.comm import comm_table
+from analysis.cost.interleaved import cost_table
+from analysis.gradients.groups import assign_groups
+from analysis.load.sweeps import load_sweeps
 from runner.config import counted_step
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes

@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.bootstrap import moving_blocks, paired_overheads
-from analysis.comm import comm_table
-from analysis.cost import cost_table
-from analysis.groups import assign_groups
-from analysis.load import load_sweeps
+from analysis.cost.bootstrap import moving_blocks, paired_overheads
+from analysis.cost.comm import comm_table
+from analysis.cost.interleaved import cost_table
+from analysis.gradients.groups import assign_groups
+from analysis.load.sweeps import load_sweeps
 from analysis.pipeline import analyze
-from analysis.synthetic import SyntheticRun, write_cost_job, write_sweep
+from analysis.testing.synthetic import SyntheticRun, write_cost_job, write_sweep
 
 
 def test_sequential_overhead_pairs_with_matching_counter_settings_and_averages_repeats(tmp_path):

@@ -4,7 +4,7 @@ table would be empty, no section without its data."""
 from __future__ import annotations
 
 from analysis.pipeline import analyze
-from analysis.synthetic import SyntheticRun, write_sweep
+from analysis.testing.synthetic import SyntheticRun, write_sweep
 
 OTHER_MODES = ("detached", "fsdp_sum", "scaled", "mean_of_means")
 

@@ -15,7 +15,7 @@
   and more than one micro-batch.
 - sum with an identity-backward all-reduce (`sum[identity]`): grad L / W, as
   local (`runner.modes.run_gradient` gives each run's gradient from its mode
-  and all-reduce; `analysis.mode_labels` puts it in `gradient`).
+  and all-reduce; `analysis.load.mode_labels` puts it in `gradient`).
 - custom: what `custom.expect` states (`runner.modes.custom_expectation`: a
   factor of grad L, or different), else "not judged": as_expected is NA and
   `--check` does not fail on it. The verdict itself is always the measured one.
@@ -26,7 +26,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.compare import NOT_RUN, Tolerances, factor_label
+from analysis.gradients.tolerances import Tolerances
+from analysis.gradients.verdicts import factor_label
+from analysis.load.sweeps import NOT_RUN
 from runner.modes import CUSTOM, OVER_W, REWEIGHTED, custom_expectation
 
 SAME = {"reference", "identical", "equivalent"}

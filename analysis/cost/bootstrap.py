@@ -3,7 +3,7 @@
 Steps are correlated (load drifts over seconds), so confidence intervals come
 from resampling runs of `block` consecutive steps (block = n^(1/3), rounded),
 not single steps. The interleaved cost measurement of the reduction modes uses
-the exact randomisation inference of `analysis.randomization` instead.
+the exact randomisation inference of `randomization.py` instead.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-group PNG plots of an analysis (matplotlib, no display needed); the cost plots are in plots_cost.
+"""The per-group PNG plots of an analysis (matplotlib, no display needed); the cost plots are in `cost.py`.
 
 - loss_curves.png: the loss of every mode per comparison group, the baseline dashed
 - loss_difference.png: each run's loss minus its baseline's, per step
@@ -22,16 +22,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.figures import save, style_axes, widen_to  # noqa: E402
+from analysis.plots.figures import plotted_groups, save, style_axes, widen_to  # noqa: E402
 from runner.modes import COLOURS, colours_for  # noqa: E402
 
-MAX_GROUPS = 16
 COLORS = COLOURS  # one colour per mode, from the modes' facts
-
-
-def plotted_groups(runs: pd.DataFrame) -> list[str]:
-    order = runs.drop_duplicates("group").sort_values(["group_label", "group"])
-    return order["group"].tolist()[:MAX_GROUPS]
 
 
 # Panel and margin sizes in inches; the figure grows with the panel grid. LEFT and GAP hold a panel's
@@ -78,7 +72,7 @@ def _panels(count: int, legend_rows: int = 2):
 
 @dataclass(frozen=True)
 class CurveFigure:
-    curve: str  # a curve of `analysis.compare.measure`
+    curve: str  # a curve of `analysis.gradients.measures.measure`
     file: str
     title: str
     ylabel: str
@@ -110,7 +104,7 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     jobs (`draw_curve_figures`, its arguments): one job, all figures on one grid of panels (making a grid
     of 16 panels costs about a fifth of the drawing, and the forked process runs its jobs one after
     another anyway). The arguments are the plotted runs as plain Python objects and their curves as
-    arrays, so that a forked process (analysis.background) can draw them without running Arrow code."""
+    arrays, so that a forked process (`background.py`) can draw them without running Arrow code."""
     figures = [figure for figure in CURVE_FIGURES if figure.curve in curves]
     plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
     members = (

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.compare import Tolerances
-from analysis.expected import SAME
+from analysis.gradients.expected import SAME
+from analysis.gradients.tolerances import Tolerances
 from runner.modes import ALL_REDUCE_SENTENCE, BUILT_IN, AutogradAllReduce, Reduction, facts
 
 TORCH_NN = f"sum[{AutogradAllReduce.torch_nn.value}]"

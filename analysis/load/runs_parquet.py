@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.load import Sweeps
+from analysis.load.sweeps import Sweeps
 
 ROWS_PER_GROUP = 1 << 17
 

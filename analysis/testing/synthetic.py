@@ -145,7 +145,7 @@ def _records(run: SyntheticRun) -> list[dict]:
 def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
     """A sweep directory (multirun.yaml + one job directory per run) as `python -m runner -m` leaves it."""
     sweep.mkdir(parents=True, exist_ok=True)
-    (sweep / "multirun.yaml").write_text("# synthetic sweep (analysis.synthetic)\n")
+    (sweep / "multirun.yaml").write_text("# synthetic sweep (analysis.testing.synthetic)\n")
     for number, run in enumerate(runs):
         job = sweep / f"{number}_{run.job_name}"
         job.mkdir()

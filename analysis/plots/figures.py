@@ -1,5 +1,5 @@
-"""What every plot of the analysis shares: plain tick labels, a y range no narrower than the figure's
-tolerance, one save, and the check that a figure is legible (tests/test_plots.py runs it on every plot).
+"""What every plot of the analysis shares: the groups drawn, plain tick labels, a y range no narrower than the
+figure's tolerance, one save, and the check that a figure is legible (tests/test_plots.py runs it on every plot).
 
 Legible means: no axis shows an offset or a multiplier (`1e-7+1`: float noise drawn as large swings);
 every title, label and tick label lies inside the figure; the figure's title overlaps no panel's title.
@@ -12,10 +12,19 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+MAX_GROUPS = 16  # panels (comparison groups) a figure shows at most; the report says when groups were left out
 
 # Tick labels in at most 6 significant digits and never an offset: 1.0005, 0.0025, 1e-07.
 PLAIN = FuncFormatter(lambda value, _: f"{value:.6g}")
+
+
+def plotted_groups(runs: pd.DataFrame) -> list[str]:
+    """The comparison groups a figure shows: the first MAX_GROUPS by label."""
+    order = runs.drop_duplicates("group").sort_values(["group_label", "group"])
+    return order["group"].tolist()[:MAX_GROUPS]
 
 
 def style_axes(ax, *, integer_x: bool = False) -> None:

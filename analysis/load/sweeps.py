@@ -43,6 +43,7 @@ RUN_COLUMNS = [
     "device_used",
     "backend",
 ]
+NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
 REQUIRED_CONFIG = {
     "reduction": None,

@@ -1,4 +1,4 @@
-"""The report's sentences and table for the interleaved cost measurement (`analysis.cost`'s table)."""
+"""The report's "Cost, measured interleaved" section and sentences (`analysis.cost.interleaved`'s table)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.cost import NULL_MODES
+from analysis.cost.interleaved import NULL_MODES
+from analysis.report.markdown import table
 from runner.modes import MODES, facts, with_extra_collectives
 
 
@@ -84,10 +85,6 @@ def _why_more(mode: str) -> str:
         " (each micro-batch waits for its all-reduce at once, a point where the ranks wait for each other; "
         "B10 measured that deferring detached's waits to the step's end removes its excess)"
     )
-
-
-def table(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g", missingval="")
 
 
 def cost_rows(cost: pd.DataFrame | None) -> pd.DataFrame:

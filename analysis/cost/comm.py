@@ -15,7 +15,7 @@ Per run, per optimizer step (means over the steps whose collectives were counted
 This overhead compares jobs that ran one after another, so a change in machine
 load between them is in it and the CI (over steps within each job) does not
 cover it: the cost the report states comes from the interleaved measurement
-(`analysis.cost`), not from here. A run is paired with the completed `local`
+(`interleaved.py`), not from here. A run is paired with the completed `local`
 runs of its group that match it on everything that changes the cost (the
 collective counter's settings too); repeats of that `local` are averaged.
 
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import nanstats
-from analysis.compare import step_arrays
+from analysis.load.arrays import step_arrays
 
 WARMUP_STEPS = 5
 RESAMPLES = 2000

@@ -1,14 +1,14 @@
-"""report.md's answer: what each mode does, in plain words generated from the numbers (the tables: report_tables)."""
+"""report.md's answer: what each mode does, in plain words generated from the numbers (its other sections: `document.py`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from analysis.compare import NOT_RUN
-from analysis.expected import SAME
-from analysis.report_cost import interleaved_clause
-from analysis.trainers import is_trainer
+from analysis.gradients.expected import SAME
+from analysis.load.sweeps import NOT_RUN
+from analysis.report.cost import interleaved_clause
+from analysis.trainers.table import is_trainer
 from runner.modes import OVER_W, label_order, modes_where, with_extra_collectives
 
 
@@ -207,7 +207,7 @@ def opening(
         "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`).",
         "",
     ]
-    shown = verdicts["reduction"][~is_trainer(verdicts["reduction"])]  # a trainer has its own line (analysis.trainers)
+    shown = verdicts["reduction"][~is_trainer(verdicts["reduction"])]  # a trainer has its own line (report/trainers.py)
     for mode in sorted(set(shown), key=label_order):
         sentence = _mode_sentence(mode, verdicts[verdicts["reduction"] == mode])
         if sentence:

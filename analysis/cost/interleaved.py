@@ -11,7 +11,7 @@ micro-batches, model state and machine load):
 Because each step's order is random, the sign of d_t is a fair coin under "the
 mode costs what local costs", whatever the load's correlation over time: the
 signed-rank test is exact, and the Hodges-Lehmann shift with the confidence
-interval that inverts it (`analysis.randomization`) says how much. `ratio` and
+interval that inverts it (`randomization.py`) says how much. `ratio` and
 `extra_ms` are those shifts of r_t (exponentiated) and d_t; `p_value` the
 test's, `p_holm` after Holm's correction over every arm of the job, so that on
 an unchanged machine the chance of any false verdict stays under 5 %.
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.randomization import holm, signed_rank_shift
+from analysis.cost.randomization import holm, signed_rank_shift
 from runner.modes import modes_where
 
 BASELINE = "local"

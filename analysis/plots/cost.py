@@ -19,9 +19,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from analysis.cost import BASELINE  # noqa: E402
-from analysis.figures import save, style_axes  # noqa: E402
-from analysis.plots import plotted_groups  # noqa: E402
+from analysis.cost.interleaved import BASELINE  # noqa: E402
+from analysis.plots.figures import plotted_groups, save, style_axes  # noqa: E402
 from runner.modes import COLOURS, MODES  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The trainers table (trainers.csv, the report's "Trainers" section) and one sentence per trainer.
+"""The trainers table (trainers.csv; the report's "Trainers" section and sentences: `analysis.report.trainers`).
 
 A trainer here is a run whose mode is a trainer's rule rather than one of the
 runner's own modes with funcol's all-reduce: a custom callable
@@ -80,50 +80,3 @@ def trainers_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 def trainers_csv(rows: pd.DataFrame) -> pd.DataFrame:
     """trainers.csv: the report's columns (named as there), with each run's id, verdict and the reason for it."""
     return rows[["run", *COLUMNS, "verdict", "reason"]].rename(columns=COLUMNS)
-
-
-def trainer_sentences(rows: pd.DataFrame) -> list[str]:
-    """One bullet per trainer run: its rule, what it measured against the reference, and its expectation."""
-    sentences = []
-    for _, row in rows[is_trainer(rows["reduction"])].iterrows():
-        if row["verdict"] in ("failed", "not run", "no reference"):
-            sentences.append(f"- `{row['reduction']}` ({row['rule']}): {row['verdict']}: {row['reason']}.")
-            continue
-        if row["curves_match"]:
-            curve = "its loss curve matches the reference's"
-        else:
-            curve = (
-                f"its loss curve departs from step {row['first_step_beyond']:.0f} and ends "
-                f"{row['final_loss_diff']:+.3g} from the reference's"
-            )
-        judged = row["as_expected"]
-        expectation = (
-            "" if pd.isna(judged) else f"; expected {row['expected']}: {'as expected' if judged else 'NOT as expected'}"
-        )
-        sentences.append(
-            f"- `{row['reduction']}` ({row['rule']}): {_gradient(row)}, step-1 scale {row['factor']:.6f}; "
-            f"{curve}{expectation}."
-        )
-    return sentences
-
-
-def trainers_markdown(rows: pd.DataFrame) -> str:
-    """The trainers table as report.md shows it."""
-    shown = rows[list(COLUMNS)].rename(columns=COLUMNS)
-    return shown.to_markdown(index=False, floatfmt=".6g", missingval="")
-
-
-def trainers_section(trainers: pd.DataFrame | None) -> list[str]:
-    """The trainers table (`analysis.trainers`), where the sweep holds custom callables or other all-reduces."""
-    if trainers is None or not is_trainer(trainers["reduction"]).any():
-        return []
-    return [
-        "## Trainers",
-        "",
-        trainers_markdown(trainers),
-        "",
-        "Each trainer's gradient as measured against its group's reference (`sum`, funcol): its step-1 factor "
-        "(gradient sketch), whether its loss curve stays within tolerance of the reference's, and what it was "
-        "expected to give (`custom.expect`; a custom run without one is not judged). trainers.csv.",
-        "",
-    ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.compare import Tolerances, departs, first_true
-from analysis.groups import LAYOUT
+from analysis.gradients.groups import LAYOUT
+from analysis.gradients.measures import departs, first_true
+from analysis.gradients.tolerances import Tolerances
 
 COLUMNS = ["family", "reduction", "axis", "values", "pairs", "max_rel_diff", "first_step_beyond", "changes"]
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import RUN_COLUMNS
-from analysis.mode_labels import label_modes
+from analysis.load.mode_labels import label_modes
+from analysis.load.sweeps import RUN_COLUMNS
 from runner.modes import MODE_KEYS
 
 LAYOUT = ["world_size", "sp", "grad_accum"]
@@ -51,7 +51,7 @@ def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
 
 def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     """`runs` with `group`, `family`, `layout`, `optimizer`, `group_label`, `baseline` (a run id or NaN)
-    and `baseline_kind`; `reduction` holds the mode's label (`analysis.mode_labels`)."""
+    and `baseline_kind`; `reduction` holds the mode's label (`analysis.load.mode_labels`)."""
     runs = runs.copy()
     config = [c for c in config_columns(runs) if not c.startswith(MODE_KEYS)]
     # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).

@@ -1,0 +1,44 @@
+"""The report's "Communication per step" section: comm.csv's collective counts, and its step times."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.cost.comm import WARMUP_STEPS
+from analysis.report.markdown import by_mode, table
+
+# comm.csv's per-run counts (the report's communication table); its step-time columns get a table of their own.
+COUNT_COLUMNS = [
+    "group_label", "reduction", "loss_all_reduce_calls", "loss_all_reduce_bytes", "loss_all_reduce_latency_ms",
+    "total_calls", "total_bytes", "total_comm_latency_ms", "extra_loss_calls_vs_local",
+]  # fmt: skip
+TIME_COLUMNS = ["group_label", "reduction", "step_ms_median", "peer_skew_ms_median", "overhead_vs_local",
+                "overhead_ci_low", "overhead_ci_high"]  # fmt: skip
+
+
+def communication_section(comm: pd.DataFrame) -> list[str]:
+    ordered = by_mode(comm)
+    sections = [
+        "## Communication per step",
+        "",
+        table(ordered[COUNT_COLUMNS]),
+        "",
+        "Loss all-reduces: those of forward/backward (the valid-token count N and the mode's own), counted "
+        "exactly on the sampled steps. Latency: the counter's issue-to-completion time, which includes waiting "
+        "for the slowest peer, so it is not a collective's own cost (the interleaved measurement's floor is).",
+        "",
+    ]
+    if ordered["step_ms_median"].isna().all():
+        return sections + [
+            f"Step times: none, as every run is shorter than the {WARMUP_STEPS} warm-up steps left out of them.",
+            "",
+        ]
+    return sections + [
+        "Step times of jobs run one after another (the world's, median over the steps after the first "
+        f"{WARMUP_STEPS}), against the matching `local` runs. Those ran minutes apart, so these ratios hold "
+        "machine drift, which their CIs (over steps) do not cover: they are not a cost, and the report states "
+        "none from them.",
+        "",
+        table(ordered[TIME_COLUMNS]),
+        "",
+    ]
