@@ -26,7 +26,7 @@ from analysis.gradients.verdicts import verdicts
 from analysis.load.runs_parquet import write_runs_parquet
 from analysis.load.sweeps import load_sweeps
 from analysis.plots.background import Background
-from analysis.plots.cost import comm_overhead, interleaved_cost
+from analysis.plots.cost import comm_overhead, counted_modes, interleaved_cost
 from analysis.plots.curves import curve_figure_jobs, curve_figure_paths
 from analysis.report.answer import opening
 from analysis.report.cost import interleaved_clause
@@ -143,7 +143,7 @@ def _analyze(
     clock("invariance and communication")
 
     other_pngs = []
-    if plotting and comm["overhead_vs_local"].notna().any():
+    if plotting and len(counted_modes(comm)) >= 2:
         other_pngs.append(comm_overhead(comm, out))
     if plotting and len(cost):
         other_pngs.append(interleaved_cost(cost, out))

@@ -1,4 +1,4 @@
-"""What each mode costs in communication and step time (comm.csv).
+"""What each mode costs in collectives, and the step times of the training runs (comm.csv).
 
 Per run, per optimizer step (means over the steps whose collectives were counted):
 - loss_*: the all-reduces of forward/backward (`loss_comm` in metrics.jsonl),
@@ -9,20 +9,22 @@ Per run, per optimizer step (means over the steps whose collectives were counted
   waiting for the slowest peer to arrive: not the collective's own cost
   (that is the floor, `runner.measure.floor`); peer_skew_ms_median is that wait's
   measure at the step's first collective;
-- step_ms_median (the world's step time), and `overhead_vs_local`: mean step
-  time over that of the `local` runs paired with it, with a 95% bootstrap CI.
+- extra_loss_calls_vs_local: the loss all-reduces a step issues beyond the
+  matching `local` runs' (exact: counted);
+- step_ms_median (the world's step time), and `step_time_vs_local_uncontrolled`:
+  step_ms_median over that of the `local` runs paired with it.
 
-This overhead compares jobs that ran one after another, so a change in machine
-load between them is in it and the CI (over steps within each job) does not
-cover it: the cost the report states comes from the interleaved measurement
-(`interleaved.py`), not from here. A run is paired with the completed `local`
-runs of its group that match it on everything that changes the cost (the
-collective counter's settings too); repeats of that `local` are averaged.
+That ratio compares jobs that ran one after another, minutes apart: a change in
+the machine's load between them is in it as much as the mode, and nothing here
+can tell the two apart (a CI over a job's steps would not cover it), so it has
+no CI and its name says so. The cost the report states, with its CI, comes from
+the interleaved measurement (`interleaved.py`) alone. A run is paired with the
+completed `local` runs of its group that match it on everything that changes
+the cost (the collective counter's settings too); repeats of that `local` are
+averaged.
 
 The first WARMUP_STEPS steps (allocator and thread-pool warm-up) are left out
-of the step-time statistics. The bootstrap is the Poisson one: each resample
-weights every step by an independent Poisson(1) count, so all runs are
-resampled at once as two matrix products, whatever their lengths.
+of the step-time statistics.
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ from analysis import nanstats
 from analysis.load.arrays import step_arrays
 
 WARMUP_STEPS = 5
-RESAMPLES = 2000
-CONFIDENCE = 0.95
 
 COLUMNS = [
     "group",
@@ -57,28 +57,10 @@ COLUMNS = [
     "extra_loss_calls_vs_local",
     "step_ms_median",
     "peer_skew_ms_median",
-    "overhead_vs_local",
-    "overhead_ci_low",
-    "overhead_ci_high",
+    "step_time_vs_local_uncontrolled",
 ]
 # Config keys outside the comparison group that still change a run's step time.
 COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every", "metrics.gather_every")
-
-
-def _bootstrap_means(times: np.ndarray, rng: np.random.Generator, rows: np.ndarray | None = None) -> np.ndarray:
-    """[resample, run] means of each row of `times` (NaN: no step) under Poisson(1) step weights; only
-    `rows` computed when given (the others NaN). The weights depend on the step count alone.
-
-    The counts are sums of small integers, exact in float32 (half the work of float64)."""
-    weights = rng.poisson(1.0, size=(RESAMPLES, times.shape[1])).astype(float)
-    means = np.full((RESAMPLES, len(times)), np.nan)
-    chosen = times if rows is None else times[rows]
-    present = np.isfinite(chosen)
-    totals = weights @ np.where(present, chosen, 0.0).T
-    counts = (weights.astype(np.float32) @ present.T.astype(np.float32)).astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means[:, slice(None) if rows is None else rows] = totals / counts
-    return means
 
 
 def _averaging(codes: np.ndarray, n_keys: int, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +71,7 @@ def _averaging(codes: np.ndarray, n_keys: int, member: np.ndarray) -> tuple[np.n
     return weights / np.maximum(count, 1)[:, None], count[codes] > 0
 
 
-def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+def comm_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     fields = {
         "loss_all_reduce_calls": "loss_comm_calls",
         "loss_all_reduce_bytes": "loss_comm_bytes",
@@ -133,21 +115,9 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame, seed: int = 0) -> pd.Dat
     with np.errstate(invalid="ignore", divide="ignore"):
         local_calls = (call_members @ np.where(counted, calls, 0.0)) / (call_members @ counted.astype(float))
     out["extra_loss_calls_vs_local"] = np.where(call_partner, calls - local_calls[codes], np.nan)
-    rng = np.random.default_rng(seed)
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean = np.nanmean(times, axis=1) if times.size else np.full(len(runs), np.nan)
-        # The second draw is used for the `local` partners only (the other columns of time_members are 0).
-        run_means, local_runs = (
-            _bootstrap_means(times, rng),
-            _bootstrap_means(times, rng, rows=time_members.any(axis=0)),
-        )
-        local_means = np.nan_to_num(local_runs) @ time_members.T  # [resample, key]
-        paired = has_partner & enough
-        ratios = run_means / local_means[:, codes]
-        tail = (1 - CONFIDENCE) / 2 * 100
-        low, high = nanstats.nanpercentile(ratios.T, [tail, 100 - tail]) if len(runs) else (np.array([]), np.array([]))
-        out["overhead_vs_local"] = np.where(paired, mean / (time_members @ np.nan_to_num(mean))[codes], np.nan)
-    out["overhead_ci_low"] = np.where(paired, low, np.nan)
-    out["overhead_ci_high"] = np.where(paired, high, np.nan)
+    medians = out["step_ms_median"].to_numpy(dtype=float)
+    local_median = time_members @ np.nan_to_num(medians)  # the mean over each key's local runs (repeats averaged)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = medians / local_median[codes]
+    out["step_time_vs_local_uncontrolled"] = np.where(has_partner & enough, ratio, np.nan)
     return out[COLUMNS].reset_index(drop=True)
