@@ -29,7 +29,7 @@ from analysis.plots.background import Background
 from analysis.plots.cost import comm_overhead, counted_modes, interleaved_cost
 from analysis.plots.curves import curve_figure_jobs, curve_figure_paths
 from analysis.report.answer import opening
-from analysis.report.cost import interleaved_clause
+from analysis.report.cost import cost_answer, interleaved_clause
 from analysis.report.document import training_sections, write_report
 from analysis.report.rfc import rfc_answer
 from analysis.report.trainers import trainer_sentences, trainers_section
@@ -153,10 +153,10 @@ def _analyze(
     trainers = trainers_table(runs, table)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
-    answer = opening(runs, table, comm, layout_summary, cost)
+    answer = opening(runs, table, comm, layout_summary, cost, trainers)
     for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
         answer += f"\n{extra}\n" if extra else ""
-    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, tol)
+    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, layout_summary, tol)
     report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
     clock("report")
     for drawn in curve_pngs:
@@ -188,11 +188,15 @@ def _analyze_cost_only(
     cost.to_csv(out / "cost.csv", index=False)
     floor.to_csv(out / "floor.csv", index=False)
     pngs = [interleaved_cost(cost, out)] if make_plots and len(cost) else []
-    clauses = [interleaved_clause(job) for _, job in cost.groupby("job", sort=False)]
-    answer = "## Answer\n\nNo training runs here, only the interleaved cost measurement: " + (
-        " Also, ".join(clauses) + ".\n"
-        if clauses
-        else "it holds too few steps to compare (4 after warm-up at least).\n"
+    jobs = [job for _, job in cost.groupby("job", sort=False)]
+    answer = "## Answer\n\n" + (
+        " ".join(cost_answer(job) for job in jobs)
+        + "\n\nNo training runs here, only the interleaved cost measurement: "
+        + " Also, ".join(interleaved_clause(job) for job in jobs)
+        + ".\n"
+        if jobs
+        else "Not measured: the cost job holds too few steps to compare (4 after warm-up at least), and no "
+        "training runs are here.\n"
     )
     report = write_report(out, sweeps, answer, [], pngs, cost, floor)
     clock("cost only")

@@ -7,25 +7,13 @@ import pandas as pd
 
 from analysis.gradients.expected import SAME
 from analysis.load.sweeps import NOT_RUN
+from analysis.report.communication import calls_clause
 from analysis.report.cost import interleaved_clause
+from analysis.report.invariance import invariance_sentence
+from analysis.report.markdown import count, listed, names, span
+from analysis.report.trainers import trainers_answer
 from analysis.trainers.table import is_trainer
-from runner.modes import OVER_W, label_order, modes_where, with_extra_collectives
-
-
-def _range(values: pd.Series, fmt: str) -> str:
-    values = values.dropna()
-    if values.empty:
-        return "n/a"
-    low, high = values.min(), values.max()
-    return format(low, fmt) if format(low, fmt) == format(high, fmt) else f"{format(low, fmt)} to {format(high, fmt)}"
-
-
-def _names(modes: list[str]) -> str:
-    return ", ".join(f"`{m}`" for m in modes)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
+from runner.modes import OVER_W, label_order, modes_where
 
 
 def _departure(rows: pd.DataFrame) -> str:
@@ -34,7 +22,7 @@ def _departure(rows: pd.DataFrame) -> str:
     steps = rows["first_step_beyond"].dropna()
     if steps.empty:
         return "stays within tolerance of the baseline's"
-    where = f"departs from step {_range(steps, '.0f')}"
+    where = f"departs from step {span(steps, '.0f')}"
     return where if len(steps) == len(rows) else f"{where} in {len(steps)}/{len(rows)} runs"
 
 
@@ -54,12 +42,12 @@ def _curve_clause(rescaled: pd.DataFrame, optimizer: str) -> str:
         deviating["baseline_clip_frac"].fillna(0).gt(0).any() or deviating["clip_active_frac"].fillna(0).gt(0).any()
     )
     clipping = (
-        f" (clipping active in {_range(deviating['baseline_clip_frac'] * 100, '.0f')}% of the baseline's steps, "
-        f"{_range(deviating['clip_active_frac'] * 100, '.0f')}% of its own)"
+        f" (clipping active in {span(deviating['baseline_clip_frac'] * 100, '.0f')}% of the baseline's steps, "
+        f"{span(deviating['clip_active_frac'] * 100, '.0f')}% of its own)"
         if clipped
         else " (no clipping)"
     )
-    return f"{curve} {_departure(deviating)} and ends {_range(deviating['final_loss_diff'], '+.3g')} from the baseline{clipping}"
+    return f"{curve} {_departure(deviating)} and ends {span(deviating['final_loss_diff'], '+.3g')} from the baseline{clipping}"
 
 
 def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
@@ -68,7 +56,7 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
     unreferenced = (rows["verdict"] == "no reference").sum()
     if compared.empty:
         if unreferenced:
-            return f"- `{mode}`: not compared in {_count(unreferenced, 'run')}: no completed `sum` run to compare with."
+            return f"- `{mode}`: not compared in {count(unreferenced, 'run')}: no completed `sum` run to compare with."
         return f"- `{mode}`: the reference of every group it ran in." if (rows["verdict"] == "reference").any() else ""
     counts = compared["verdict"].value_counts()
     parts = []
@@ -77,7 +65,7 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
         worlds = ", ".join(f"W={w}" for w in sorted(same["world_size"].unique()))
         parts.append(
             f"the baseline's gradient in {len(same)}/{len(compared)} runs ({worlds}; step-1 scale "
-            f"{_range(same['factor'], '.6f')}, max loss difference {_range(same['loss_max_abs_diff'], '.2g')})"
+            f"{span(same['factor'], '.6f')}, max loss difference {span(same['loss_max_abs_diff'], '.2g')})"
         )
     rescaled = compared[compared["verdict"] == "rescaled"]
     if len(rescaled):
@@ -89,7 +77,7 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
             _curve_clause(runs_of, optimizer if several else "") for optimizer, runs_of in rescaled.groupby("optimizer")
         ]
         parts.append(
-            f"the same direction (step-1 cosine {_range(rescaled['sketch_cos_step1'], '.6f')}) scaled by {factors}"
+            f"the same direction (step-1 cosine {span(rescaled['sketch_cos_step1'], '.6f')}) scaled by {factors}"
             + (" (= 1/W)" if is_one_over_w else "")
             + f" in {len(rescaled)}/{len(compared)} runs; "
             + "; ".join(curves)
@@ -98,15 +86,15 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
     if len(different):
         parts.append(
             f"a different gradient in {len(different)}/{len(compared)} runs (step-1 cosine "
-            f"{_range(different['sketch_cos_step1'], '.4f')}, grad-norm ratio {_range(different['grad_norm_ratio_step1'], '.3f')}); "
+            f"{span(different['sketch_cos_step1'], '.4f')}, grad-norm ratio {span(different['grad_norm_ratio_step1'], '.3f')}); "
             f"its loss curve {_departure(different)}, "
             f"apart by up to {different['loss_max_abs_diff'].max():.3g}"
         )
     if counts.get("failed", 0):
         failed = compared[compared["verdict"] == "failed"]
-        parts.append(f"failed in {_count(len(failed), 'run')} ({'; '.join(failed['reason'].head(3))})")
+        parts.append(f"failed in {count(len(failed), 'run')} ({'; '.join(failed['reason'].head(3))})")
     if unreferenced:
-        parts.append(f"not compared in {_count(unreferenced, 'run')} (no completed `sum` run in its group)")
+        parts.append(f"not compared in {count(unreferenced, 'run')} (no completed `sum` run in its group)")
     return f"- `{mode}`: " + "; ".join(parts) + "."
 
 
@@ -131,7 +119,7 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
         return ""
     text = (
         "So the differentiable all-reduce is needed for the gradient's *scale*, not its direction: "
-        f"without it ({_names(over_w)}) every gradient is the true one divided by W."
+        f"without it ({names(over_w)}) every gradient is the true one divided by W."
     )
     for optimizer, rescaled in multi[multi["reduction"].isin(over_w)].groupby("optimizer"):
         if rescaled["loss_matches"].all():
@@ -140,29 +128,15 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
             departing = rescaled[~rescaled["loss_matches"]]
             text += (
                 f" Under {optimizer} it changes training: in {len(departing)}/{len(rescaled)} of their runs the loss "
-                f"curve departs from the reference's (from step {_range(departing['first_step_beyond'], '.0f')})."
+                f"curve departs from the reference's (from step {span(departing['first_step_beyond'], '.0f')})."
             )
     if alternatives:
         text += f" {' and '.join(f'`{m}`' for m in correct)} recover the true gradient exactly with no per-micro-batch collective."
     return text
 
 
-def _calls_clause(comm: pd.DataFrame) -> str:
-    """How many more loss all-reduces per step `sum` and `detached` issue than `local` (exact counts)."""
-    parts = []
-    for mode in with_extra_collectives():
-        calls = comm.loc[comm["reduction"] == mode, "extra_loss_calls_vs_local"].dropna()
-        if len(calls):
-            parts.append(
-                f"`{mode}` issues {_range(calls, '.0f')} more loss all-reduce{'' if calls.max() == 1 else 's'} per step than `local`"
-                if (calls != 0).any()
-                else f"`{mode}` as many loss all-reduces per step as `local`"
-            )
-    return "; ".join(parts)
-
-
 def _cost_sentence(comm: pd.DataFrame, cost: pd.DataFrame) -> str:
-    calls = _calls_clause(comm)
+    calls = calls_clause(comm)
     if cost is None or cost.empty:
         if not calls:
             return ""
@@ -174,19 +148,48 @@ def _cost_sentence(comm: pd.DataFrame, cost: pd.DataFrame) -> str:
     return "Cost: " + (calls + ". Time, " if calls else "time, ") + " Also, ".join(clauses) + "."
 
 
-def _invariance_sentence(summary: pd.DataFrame) -> str:
-    if summary.empty:
+def _gradient_phrase(rows: pd.DataFrame) -> str:
+    """What one mode's compared runs give against their baseline, in a few words; "" when the runs disagree."""
+    verdicts = rows["verdict"]
+    same, rescaled = verdicts.isin(SAME), verdicts == "rescaled"
+    if same.all():
+        return "the baseline's gradient"
+    if (verdicts == "different").all():
+        return "a different gradient"
+    if not (same | rescaled).all():
         return ""
-    invariant = summary[summary["invariant"]]["reduction"].unique().tolist()
-    changing = summary[~summary["invariant"]]
-    parts = []
-    if invariant:
-        parts.append(", ".join(f"`{m}`" for m in invariant) + " give the same loss curve for every layout tried")
-    for axes, rows in changing.groupby("changes_with"):
-        modes = rows["reduction"].unique()
-        verb = "changes" if len(modes) == 1 else "change"
-        parts.append(", ".join(f"`{m}`" for m in modes) + f" {verb} with {axes.replace(', ', ' and ')}")
-    return "Layouts at a fixed global batch: " + "; ".join(parts) + "."
+    over_w = np.isclose(rows["factor"] * rows["world_size"], 1, rtol=1e-3)
+    by_world = rows[rescaled].groupby("world_size")["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
+    factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
+    if over_w.all():  # equivalent at W=1, rescaled by 1/W elsewhere
+        return f"the baseline's gradient divided by W ({factors})"
+    if rescaled.all():
+        return f"the baseline's gradient {factors}"
+    return ""
+
+
+def headline(verdicts: pd.DataFrame, trainers: pd.DataFrame | None = None) -> str:
+    """The answer in one sentence: which modes give the baseline's gradient, which a multiple of it and which
+    another one, over the runs compared with a baseline; the trainers' answer (`trainers_answer`) after it, or
+    alone where only trainers' rules were compared."""
+    with_trainers = trainers is not None and is_trainer(trainers["reduction"]).any()
+    compared = verdicts[
+        ~verdicts["verdict"].isin(["reference", "no reference", "failed", "not run"])
+        & ~is_trainer(verdicts["reduction"])
+    ]
+    if compared.empty:
+        if with_trainers:
+            return trainers_answer(trainers)
+        return "No run here could be compared with a baseline (the verdicts below say why)."
+    phrases: dict[str, list[str]] = {}
+    for mode in sorted(set(compared["reduction"]), key=label_order):
+        phrase = _gradient_phrase(compared[compared["reduction"] == mode])
+        phrases.setdefault(phrase or "one gradient in some runs and another in others", []).append(mode)
+    clauses = [
+        f"{listed([f'`{m}`' for m in modes])} {'gives' if len(modes) == 1 else 'give'} {phrase}"
+        for phrase, modes in phrases.items()
+    ]
+    return "; ".join(clauses) + "." + (f" {trainers_answer(trainers)}" if with_trainers else "")
 
 
 def opening(
@@ -195,14 +198,17 @@ def opening(
     comm: pd.DataFrame,
     invariance_summary: pd.DataFrame,
     cost: pd.DataFrame | None = None,
+    trainers: pd.DataFrame | None = None,
 ) -> str:
-    """The report's first section: the answer, from the numbers."""
+    """The report's first section: the answer in one sentence, then the numbers."""
     ran = runs[~runs["status"].isin(NOT_RUN) & runs["optim.name"].notna()]
     optimizers = ", ".join(sorted(ran["optimizer"].unique()))
     lines = [
         "## Answer",
         "",
-        f"{_count(len(runs), 'run')} in {_count(runs['group'].nunique(), 'group')} ({(runs['status'] == 'completed').sum()} completed); "
+        headline(verdicts, trainers),
+        "",
+        f"{count(len(runs), 'run')} in {count(runs['group'].nunique(), 'group')} ({(runs['status'] == 'completed').sum()} completed); "
         f"optimizer {optimizers or 'n/a'}; layouts {', '.join(sorted(ran['layout'].unique())) or 'n/a'}. "
         "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`).",
         "",
@@ -212,7 +218,7 @@ def opening(
         sentence = _mode_sentence(mode, verdicts[verdicts["reduction"] == mode])
         if sentence:
             lines.append(sentence)
-    for extra in (_conclusion(verdicts), _invariance_sentence(invariance_summary), _cost_sentence(comm, cost)):
+    for extra in (_conclusion(verdicts), invariance_sentence(invariance_summary), _cost_sentence(comm, cost)):
         if extra:
             lines += ["", extra]
     return "\n".join(lines) + "\n"

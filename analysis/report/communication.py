@@ -1,11 +1,13 @@
-"""The report's "Communication per step" section: comm.csv's collective counts, and its step times."""
+"""The report's "Communication per step" section: how many more loss all-reduces a mode issues than `local` (its
+answer), comm.csv's collective counts, and its step times."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from analysis.cost.comm import WARMUP_STEPS
-from analysis.report.markdown import by_mode, table
+from analysis.report.markdown import by_mode, span, table
+from runner.modes import with_extra_collectives
 
 # comm.csv's per-run counts (the report's communication table); its step-time columns get a table of their own.
 COUNT_COLUMNS = [
@@ -15,10 +17,35 @@ COUNT_COLUMNS = [
 TIME_COLUMNS = ["group_label", "reduction", "step_ms_median", "peer_skew_ms_median", "step_time_vs_local_uncontrolled"]
 
 
+def calls_clause(comm: pd.DataFrame) -> str:
+    """How many more loss all-reduces per step `sum` and `detached` issue than `local` (exact counts)."""
+    parts = []
+    for mode in with_extra_collectives():
+        calls = comm.loc[comm["reduction"] == mode, "extra_loss_calls_vs_local"].dropna()
+        if len(calls):
+            parts.append(
+                f"`{mode}` issues {span(calls, '.0f')} more loss all-reduce{'' if calls.max() == 1 else 's'} per step than `local`"
+                if (calls != 0).any()
+                else f"`{mode}` as many loss all-reduces per step as `local`"
+            )
+    return "; ".join(parts)
+
+
+def communication_answer(comm: pd.DataFrame) -> str:
+    calls = calls_clause(comm)
+    if calls:
+        return calls + " (counted on the sampled steps)."
+    if comm["loss_all_reduce_calls"].isna().all():
+        return "Not counted: these runs recorded no collectives (metrics.count_comm=false, or no step logged)."
+    return "As counted below; no completed `local` run here to compare each mode's loss all-reduces with."
+
+
 def communication_section(comm: pd.DataFrame) -> list[str]:
     ordered = by_mode(comm)
     sections = [
         "## Communication per step",
+        "",
+        communication_answer(comm),
         "",
         table(ordered[COUNT_COLUMNS]),
         "",

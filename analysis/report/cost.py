@@ -8,15 +8,49 @@ import numpy as np
 import pandas as pd
 
 from analysis.cost.interleaved import NULL_MODES
-from analysis.report.markdown import table
+from analysis.report.markdown import listed, table
 from runner.modes import MODES, facts, with_extra_collectives
+
+QUESTION = "Does a mode take more or less time a step than `local`?"
+
+
+def _layout(first: pd.Series) -> str:
+    return f"DP({int(first['world_size'] // first['sp'])})-SP({int(first['sp'])})-GA({int(first['grad_accum'])})"
+
+
+def cost_answer(job: pd.DataFrame) -> str:
+    """One cost job's answer in one sentence: does a mode take more time a step than `local`, and how much; or why
+    no cost is stated (the numbers behind it: `interleaved_clause` and the section's table)."""
+    first = job.iloc[0]
+    where = f"at {_layout(first)} over {int(first['steps'])} paired steps"
+    if not (job["role"] == "null control").any():
+        return f"{QUESTION} Not stated {where}: no null control ({' or '.join(f'`{m}`' for m in NULL_MODES)}) was measured."
+    if (job["verdict"] == "null control failed").any():
+        return f"{QUESTION} Not stated {where}: the null control failed, so this machine's noise is not under control."
+    modes = job[job["role"] == "mode"]
+    if modes.empty:
+        return f"{QUESTION} Not asked: only the null control was measured {where} (it holds)."
+    resolved = modes[modes["verdict"] == "resolved"]
+    bounded = modes[modes["verdict"] != "resolved"]
+    bounds = listed([f"`{row['mode']}` {row['extra_ci_high']:+.2f} ms" for _, row in bounded.iterrows()])
+    if resolved.empty:
+        return f"{QUESTION} Not that this measurement can tell {where}: at most {bounds} a step."
+    costs = listed(
+        [
+            f"`{row['mode']}` takes {abs(row['extra_ms']):.2f} ms ({abs(row['ratio'] - 1) * 100:.1f} %) a step "
+            + ("more" if row["extra_ms"] > 0 else "less")
+            for _, row in resolved.iterrows()
+        ]
+    )
+    rest = f"; {bounds} at most (not resolved)" if len(bounded) else ""
+    return f"{QUESTION} Yes, {costs} than `local` {where}{rest}."
 
 
 def interleaved_clause(job: pd.DataFrame) -> str:
     """What one interleaved measurement says: each mode's cost with its CI where the exact test resolves it,
     else the most it can cost; nothing where the null control fails."""
     first = job.iloc[0]
-    layout = f"DP({int(first['world_size'] // first['sp'])})-SP({int(first['sp'])})-GA({int(first['grad_accum'])})"
+    layout = _layout(first)
     arms = len(job) + 1
     head = (
         f"measured interleaved in one {layout} world ({int(first['steps'])} steps after warm-up, {arms} arms in a "
@@ -115,7 +149,7 @@ def cost_section(cost: pd.DataFrame | None, floor: pd.DataFrame | None, sweeps: 
         return [
             "## Cost, measured interleaved",
             "",
-            "This analysis holds no interleaved cost job. `python -m runner experiment=cost "
+            f"{QUESTION} Not measured: this analysis holds no interleaved cost job. `python -m runner experiment=cost "
             f"hydra.run.dir={target}` measures one beside these runs (`make run` does), and a rerun of the "
             "analysis reports it.",
             "",
@@ -123,6 +157,8 @@ def cost_section(cost: pd.DataFrame | None, floor: pd.DataFrame | None, sweeps: 
     nulls = " and ".join(f"`{m}`" for m in NULL_MODES)
     sections = [
         "## Cost, measured interleaved",
+        "",
+        " ".join(cost_answer(job) for _, job in cost.groupby("job", sort=False)),
         "",
         table(cost_rows(cost)),
         "",

@@ -17,13 +17,18 @@ from analysis.report.verdicts import incomplete_section, verdicts_section
 
 
 def training_sections(
-    runs: pd.DataFrame, verdicts: pd.DataFrame, comm: pd.DataFrame, invariance: pd.DataFrame, tol: Tolerances
+    runs: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    comm: pd.DataFrame,
+    invariance: pd.DataFrame,
+    invariance_summary: pd.DataFrame,
+    tol: Tolerances,
 ) -> list[str]:
-    """Verdicts, runs that did not complete, layout invariance, communication."""
+    """Verdicts, runs that did not complete, layout invariance, communication: each opens with its answer."""
     return (
         verdicts_section(verdicts, tol)
         + incomplete_section(runs)
-        + invariance_section(invariance)
+        + invariance_section(invariance, invariance_summary)
         + communication_section(comm)
     )
 

@@ -38,12 +38,33 @@ def trainers_markdown(rows: pd.DataFrame) -> str:
     return shown.to_markdown(index=False, floatfmt=".6g", missingval="")
 
 
+QUESTION = "Do the trainers' rules give grad L, as the reference does?"
+
+
+def trainers_answer(rows: pd.DataFrame) -> str:
+    """Whether the trainers' rules give grad L (the reference's gradient), in one sentence: how many do, and what
+    each of the others gives as measured."""
+    trainers = rows[is_trainer(rows["reduction"])]
+    true = trainers["gradient_vs_grad_L"] == "grad L"
+    if true.all():
+        return f"{QUESTION} Yes, {'it does' if len(trainers) == 1 else f'all {len(trainers)} do'}."
+    others = [
+        f"`{row['reduction']}` {row['verdict']}"
+        if row["verdict"] in ("failed", "not run", "no reference")
+        else f"`{row['reduction']}` gives {row['gradient_vs_grad_L']}"
+        for _, row in trainers[~true].iterrows()
+    ]
+    return f"{QUESTION} No, {true.sum()} of {len(trainers)} do; " + "; ".join(others) + "."
+
+
 def trainers_section(trainers: pd.DataFrame | None) -> list[str]:
     """The trainers table (`analysis.trainers.table`), where the sweep holds custom callables or other all-reduces."""
     if trainers is None or not is_trainer(trainers["reduction"]).any():
         return []
     return [
         "## Trainers",
+        "",
+        trainers_answer(trainers),
         "",
         trainers_markdown(trainers),
         "",
