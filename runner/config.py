@@ -209,7 +209,7 @@ class FsdpReduce(str, Enum):
 @dataclass
 class CustomConfig:
     # `reduction=custom`: MODULE:CALLABLE, importable from the working directory or an installed package,
-    # called per micro-batch shard as fn(logits, labels, ctx) (`runner.train.custom`, README "Custom reductions").
+    # called per micro-batch shard as fn(logits, labels, ctx) (`runner.train.custom`, docs/trainers.md "Custom reductions").
     fn: Optional[str] = None
     fsdp_reduce: FsdpReduce = FsdpReduce.mean
     # What `python -m analysis --check` holds the run to (`runner.modes.EXPECTATIONS`); null: not judged.

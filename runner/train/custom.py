@@ -1,6 +1,6 @@
 """`reduction=custom`: a callable of the user's turns each micro-batch shard's logits into the loss to backpropagate.
 
-`custom.fn=MODULE:CALLABLE` (README "Custom reductions") is called once per
+`custom.fn=MODULE:CALLABLE` (docs/trainers.md "Custom reductions") is called once per
 micro-batch shard, in order m = 0 .. M-1, on every rank:
 
     fn(logits, labels, ctx) -> loss  or  (loss, logged)
