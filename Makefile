@@ -13,6 +13,10 @@ STAMP := $(VENV)/.installed
 UV = $(VENV)/bin/uv pip install --quiet --python $(PY)
 SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml 2>/dev/null | cksum)
 ARGS ?=
+# uv does not byte-compile what it installs (pip does, at several times the install time). Where the
+# environment sets PYTHONDONTWRITEBYTECODE, every process (each rank of each job) would then compile
+# torch's modules again at import: ~3 s a rank. Unset here, the first import writes them once.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup run test test-fast analyze bench sync clean
 
