@@ -111,6 +111,15 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             "wandb": round(wandb_init, 3),
         }
         parts = build_parts(cfg, meshes, device)
+        summary.update(parts.provenance())
+        measured = summary.get("all_reduce_backward")
+        if env.is_main and measured and not measured["as_expected"]:
+            print(
+                f"[warning] {measured['implementation']}'s backward gave {measured['per_rank']} per rank with torch "
+                f"{measured['torch']}, not {measured['expected']:g}: this run's gradient is not what the modes' "
+                "facts say",
+                flush=True,
+            )
         loop = measure_cost if cfg.cost.modes else train  # the one place that chooses
         result = loop(parts, logger)
         result.peak_rss_mib = peak_rss_mib(parts.group)
