@@ -52,9 +52,9 @@ CALLABLES = {
     "per_rank_token_mean": (f"{HERE}:per_rank_token_mean", "mean", "rank means"),
     "doubled": (f"{HERE}:doubled", "mean", 2.0),
 }
-# At sp=2 the trainers that normalise by N. (Hugging Face per device floors its count's division by the
-# context-parallel size, `num_items_in_batch // non_data_parallel_size`: not exactly the rank means.)
-AT_SP2 = ["hf_trainer", "xtuner", "torchtitan", "megatron"]
+# At sp=2 the trainers that normalise by N, and Hugging Face per device (transformers 5 divides its count by the
+# context-parallel size with true division: exactly the dp ranks' means).
+AT_SP2 = ["hf_trainer", "hf_trainer_per_device", "xtuner", "torchtitan", "megatron"]
 
 
 def custom_gradients(layout: ParallelLayout, names: list[str]) -> dict:

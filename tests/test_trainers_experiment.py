@@ -7,8 +7,10 @@ here, that the experiment composes into the jobs it promises, each valid, named 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from helpers import run_module
 from hydra import compose, initialize_config_dir
 
 from runner.callables import callable_problem
@@ -88,3 +90,15 @@ def test_a_trainer_option_alone_is_one_run_of_its_rule():
         cfg = run_config_from(composed([f"trainer={trainer}", "model=hf_llama"]))
         assert run_mode_label(cfg) == want_label, trainer
         assert (cfg.world_size, cfg.grad_accum, cfg.model.name) == (default.world_size, default.grad_accum, "hf_llama")
+
+
+def test_every_trainer_rule_is_importable_from_any_working_directory(tmp_path):
+    """The rules come with the installed package: the launcher's check finds each from a folder outside the repository."""
+    specs = [
+        run_config_from(composed([f"trainer={trainer}"])).custom.fn
+        for trainer in EXPECTED
+        if run_config_from(composed([f"trainer={trainer}"])).reduction.value == "custom"
+    ]
+    done = run_module("runner.callables", ["--json", *specs], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == dict.fromkeys(specs)  # no problem with any of them

@@ -67,7 +67,8 @@ class CustomReducer(LossReducer):
         self.global_tokens = int(valid_tokens.item())
         self.micro_batch = 0
         self.logged_kind: str | None = None  # "number" or "pair", once the rule logs
-        self.logged = torch.zeros(3, dtype=torch.float64)  # sum of numbers; sum of numerators; of denominators
+        # sum of logged numbers; sum of numerators; sum of denominators (where N lives: no host sync per micro-batch)
+        self.logged = torch.zeros(3, dtype=torch.float64, device=valid_tokens.device)
 
     def plan_step(self, micro_batches: list[Batch]) -> None:
         meshes = self.meshes
@@ -118,7 +119,7 @@ class CustomReducer(LossReducer):
 
     def finish_step(self) -> StepLoss:
         # One collective per step carries L and the logged values, as `local`'s carries L.
-        carried = torch.cat([self.loss_sum.double().reshape(1), self.logged]).to(self.loss_sum.device)
+        carried = torch.cat([self.loss_sum.double().reshape(1), self.logged])
         loss, number, numerator, denominator = funcol.all_reduce(carried, "sum", self.group).tolist()
         reported = {"number": number / self.world_size, "pair": ratio(numerator, denominator)}.get(
             self.logged_kind, loss
@@ -132,11 +133,12 @@ class CustomReducer(LossReducer):
         if self.logged_kind not in (None, kind):
             raise CustomRuleError(f"custom.fn={self.spec} logged numbers and pairs in one step; log one kind")
         self.logged_kind = kind
+        device = self.logged.device
         if kind == "number":
-            self.logged[0] += parts
+            self.logged[0] += parts.to(device)
         else:
-            self.logged[1] += parts[0]
-            self.logged[2] += parts[1]
+            self.logged[1] += parts[0].to(device)
+            self.logged[2] += parts[1].to(device)
 
     def _call(self, where: str, hook: Callable, *args):
         try:

@@ -188,8 +188,9 @@ def checked_loss(returned: object, spec: str) -> tuple[torch.Tensor, object]:
     return loss, logged
 
 
-def logged_parts(logged: object, spec: str) -> tuple[float, float] | float | None:
-    """The rule's logged value as a number, or a (numerator, denominator) pair of numbers, or None."""
+def logged_parts(logged: object, spec: str) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
+    """The rule's logged value as a 1-element tensor (detached, float64, where it lives: no host sync), or a
+    (numerator, denominator) pair of them, or None."""
     if logged is None:
         return None
     if isinstance(logged, (tuple, list)):
@@ -198,11 +199,15 @@ def logged_parts(logged: object, spec: str) -> tuple[float, float] | float | Non
                 f"custom.fn={spec} logged a sequence of {len(logged)} values; log a number, or a "
                 "(numerator, denominator) pair"
             )
-        return tuple(float(torch.as_tensor(part).detach().float()) for part in logged)
-    value = torch.as_tensor(logged).detach()
-    if value.numel() != 1:
-        raise CustomRuleError(f"custom.fn={spec} logged a value of shape {tuple(value.shape)}; log one number")
-    return float(value.float())
+        return tuple(_one_value(part, spec) for part in logged)
+    return _one_value(logged, spec)
+
+
+def _one_value(value: object, spec: str) -> torch.Tensor:
+    tensor = torch.as_tensor(value).detach()
+    if tensor.numel() != 1:
+        raise CustomRuleError(f"custom.fn={spec} logged a value of shape {tuple(tensor.shape)}; log one number")
+    return tensor.reshape(()).to(torch.float64)
 
 
 def is_timeout(error: BaseException) -> bool:
