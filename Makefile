@@ -24,7 +24,8 @@ setup:
 	fi
 
 # The [trainers] extra (pyproject.toml: torchtitan, whose own loss code trainer=torchtitan calls) on top of
-# setup, with the installed torch pinned to itself so that no resolution can replace it. `make test` needs it;
+# setup, with the installed torch pinned to itself so that no resolution can replace it, and `pip check` after it
+# (torchtitan's datasets caps huggingface_hub and fsspec: a resolution that broke transformers fails here). `make test` needs it;
 # `make run` does not (a rule whose package is missing is refused before launch, naming this install).
 TRAINERS_STAMP := $(VENV)/.installed-trainers
 setup-trainers: setup
@@ -34,6 +35,7 @@ setup-trainers: setup
 		set -e; \
 		torch_version="$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))')"; \
 		$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,trainers]" "torch==$$torch_version"; \
+		$(PY) -m pip check --disable-pip-version-check; \
 		echo "$(SETUP_KEY)" > $(TRAINERS_STAMP); \
 	fi
 

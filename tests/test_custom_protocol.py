@@ -180,3 +180,18 @@ def test_a_collective_of_the_rule_that_times_out_is_named_as_such(tmp_path):
     error = summary["error"]
     assert "custom.fn=hangs:rank_zero_only: a collective it issued in micro-batch 0 timed out" in error, error
     assert "dist.timeout_s=4 s" in error and "every rank of its group must call it" in error
+
+
+@pytest.mark.slow
+def test_a_rule_that_logs_0_over_0_is_recorded_and_the_run_goes_on(tmp_path):
+    """The Hugging Face Trainer without loss kwargs takes each micro-batch shard's token mean: NaN over the empty
+    micro-batch of data.valid_tokens=one_empty. Its gradient there is 0, so the run completes; the record says so."""
+    args = ["trainer=hf_trainer_no_loss_kwargs", "data.valid_tokens=one_empty", "train.steps=2", "wandb.mode=disabled"]
+    done = run_module("runner", [*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reported loss not finite at step 1" in done.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["reported_loss_not_finite"] == {"first_step": 1, "steps": 2}
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["reported_loss"] for r in records] == [None, None]  # JSON's null for NaN
+    assert all(r["micro_batch_tokens_min"] == 0 and r["loss"] > 0 for r in records)

@@ -128,6 +128,9 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss
         )
         summary["peak_rss_mib"] = result.peak_rss_mib
+        if getattr(result, "reported_not_finite", None):
+            steps = result.reported_not_finite
+            summary["reported_loss_not_finite"] = {"first_step": steps[0], "steps": len(steps)}
         leave_world()
         if logger is not None:
             logger.close()
