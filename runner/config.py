@@ -56,6 +56,14 @@ class Architecture(str, Enum):
     hf = "hf"  # a Hugging Face *ForCausalLM built from a config (runner.model.hf): model.config and model.overrides
 
 
+class ValidTokens(str, Enum):
+    """Which targets of each step's global batch count (`data.valid_tokens`; `runner.data.batches.mask_targets`)."""
+
+    full = "full"  # every target the documents give (padding aside)
+    skewed = "skewed"  # row i of the step keeps every (i+1)-th target: ranks and micro-batches hold very unequal counts
+    one_empty = "one_empty"  # skewed, and the step's last quarter of rows keeps none: an empty micro-batch
+
+
 class Device(str, Enum):
     auto = "auto"  # CUDA with NCCL where present, else CPU with gloo
     cpu = "cpu"
@@ -103,6 +111,9 @@ class DataConfig:
     # null: byte-level tokens (vocab 256). Otherwise a tokenizer.json (the `tokenizers` library) whose
     # ids replace the bytes; its vocab must fit the model's.
     tokenizer: Optional[str] = None
+    # Which targets count (`ValidTokens`): full (default), skewed, one_empty. A function of the step's global
+    # batch alone, so every layout of a step still trains on the same targets (runner.data.batches).
+    valid_tokens: ValidTokens = ValidTokens.full
 
 
 @dataclass
@@ -216,6 +227,9 @@ class CustomConfig:
     expect: Optional[str] = None
     # One line for the report's trainers table: whose rule the callable follows and what it does.
     rule: Optional[str] = None
+    # The name people know the rule by ("torchtitan", "Megatron-LM (per-token)"): the run's mode label
+    # (`runner.modes.mode_label`); null: custom:MODULE:CALLABLE.
+    name: Optional[str] = None
 
 
 @dataclass
@@ -253,10 +267,16 @@ def tasks_per_node_for(world_size: int, gpus_per_node: int) -> int:
     return min(int(world_size), int(gpus_per_node))
 
 
+# Characters a job folder's name never holds (path separators; colons and whitespace, which shells, Windows
+# and some tools take apart): each becomes an underscore. The job's number before the name keeps folders apart.
+_UNSAFE_IN_DIRNAME = str.maketrans({c: "_" for c in "/\\: \t\n\r"})
+
+
 def job_dirname(overrides: str, limit: int = 150) -> str:
-    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): path separators become
-    underscores, and a name longer than `limit` keeps its start and gets a hash of the whole, so it stays unique."""
-    name = overrides.replace("/", "_").replace("\\", "_")
+    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): path separators, colons
+    and whitespace become underscores (`custom.fn=my_rules:loss` -> `custom.fn=my_rules_loss`), and a name
+    longer than `limit` keeps its start and gets a hash of the whole, so it stays unique."""
+    name = overrides.translate(_UNSAFE_IN_DIRNAME)
     if len(name) <= limit:
         return name
     return f"{name[:limit]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
@@ -270,9 +290,21 @@ def run_schema() -> DictConfig:
     return schema
 
 
+def if_equal(a: object, b: object, then: object, otherwise: object) -> object:
+    """`${runner_if_equal:A,B,THEN,ELSE}` in a preset: THEN where A == B (compared as text), else ELSE. A trainer
+    preset's `custom.expect` can so depend on the layout: `${runner_if_equal:${world_size},${sp},grad L,different}`
+    (grad L at dp = 1)."""
+    return then if str(a) == str(b) else otherwise
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="run_schema", node=run_schema())
-    resolvers = {"runner_nodes": nodes_for, "runner_tasks_per_node": tasks_per_node_for, "runner_dirname": job_dirname}
+    resolvers = {
+        "runner_nodes": nodes_for,
+        "runner_tasks_per_node": tasks_per_node_for,
+        "runner_dirname": job_dirname,
+        "runner_if_equal": if_equal,
+    }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

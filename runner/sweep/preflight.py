@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.config import run_config_from
+from runner.sweep.custom_check import check_all
 from runner.sweep.machine import machine_problems, usable_cpu_cores, visible_cuda_devices
 from runner.sweep.validate import config_problems, schema_problems
 
@@ -68,6 +69,10 @@ class SweepPreflight(Callback):
             except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
                 configs.append(None)
                 invalid.append(_line(number, overrides, schema_problems(error)))
+        # Every distinct custom.fn in one subprocess: their imports are paid once, not once per callable.
+        check_all(
+            [cfg.custom.fn for cfg in configs if cfg is not None and cfg.reduction.value == "custom" and cfg.custom.fn]
+        )
         shape = slurm_shape_problems(config.hydra.launcher, [cfg.world_size for cfg in configs if cfg is not None])
         if shape:
             log.error(

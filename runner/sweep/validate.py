@@ -199,7 +199,7 @@ def custom_problems(cfg: DictConfig) -> Problems:
     found = []
     if cfg.custom.fn is None:
         found.append(
-            ("custom.fn", "reduction=custom needs custom.fn=MODULE:CALLABLE, e.g. examples.reductions.torchtitan:loss")
+            ("custom.fn", "reduction=custom needs custom.fn=MODULE:CALLABLE, e.g. runner.trainers.megatron:per_token")
         )
     else:
         problem = custom_fn_problem(cfg.custom.fn)  # a subprocess, once per callable: the module may import torch
