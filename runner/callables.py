@@ -1,7 +1,7 @@
 """`custom.fn=MODULE:CALLABLE`: find the callable and check that it can be called as fn(logits, labels, ctx).
 
 Torch-free itself, though the user's module may import torch: the launcher
-runs `callable_problem` in a short subprocess (`runner.sweep.custom_check`),
+runs `callable_facts` in a short subprocess (`runner.sweep.custom_check`),
 and each rank calls `resolve_callable` in-process. The module is imported as
 `import MODULE` would import it: from the working directory or an installed
 package.
@@ -9,9 +9,13 @@ package.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import json
 import sys
+from importlib import metadata
+from pathlib import Path
 
 EXAMPLE = "examples.reductions.torchtitan:loss"
 PARAMETERS = "(logits, labels, ctx)"
@@ -76,6 +80,32 @@ def callable_problem(spec: str) -> str | None:
     return None
 
 
+def callable_facts(spec: str) -> dict:
+    """What is wrong with `spec` (`problem`, or None), and the code its import brought in, for the run's identity:
+    `source` (a sha256 over the files of the modules that are not an installed package's: the callable's own
+    module and the local modules it imports), `modules` (their names) and `packages` (each installed
+    distribution whose modules it imported, with its version). The runner's own modules are the package's
+    (its version is in every run's identity); the standard library is Python's."""
+    before = set(sys.modules)
+    problem = callable_problem(spec)
+    if problem:
+        return {"problem": problem}
+    distributions = metadata.packages_distributions()
+    local, packages = {}, {}
+    for name in sorted(set(sys.modules) - before):
+        top = name.partition(".")[0]
+        file = getattr(sys.modules[name], "__file__", None)
+        if top in sys.stdlib_module_names or top in ("runner", "__main__", "__mp_main__") or file is None:
+            continue
+        if top in distributions:
+            for distribution in distributions[top]:
+                packages[distribution] = metadata.version(distribution)
+        elif Path(file).is_file():
+            local[name] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    source = hashlib.sha256(json.dumps(local, sort_keys=True).encode()).hexdigest()
+    return {"problem": None, "source": source, "modules": sorted(local), "packages": dict(sorted(packages.items()))}
+
+
 if __name__ == "__main__":
-    # `python -m runner.callables MODULE:CALLABLE`: the launcher's check, one line of output (empty when fine).
-    print(callable_problem(sys.argv[1]) or "")
+    # `python -m runner.callables MODULE:CALLABLE`: the launcher's check, its facts as one JSON line, last.
+    print(json.dumps(callable_facts(sys.argv[1])))

@@ -74,10 +74,14 @@ def _first(config: dict, keys: tuple[str, ...]) -> tuple[str, Any] | None:
     return next(((key, config[key]) for key in keys if config.get(key) is not None), None)
 
 
-def _read_json(path_text: str) -> dict:
+def config_file(path_text: str) -> Path:
+    """The config.json `model.config` names: the file, or the one in a model folder (as from_pretrained takes)."""
     path = Path(path_text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"  # a model folder, as from_pretrained takes
+    return path / "config.json" if path.is_dir() else path
+
+
+def _read_json(path_text: str) -> dict:
+    path = config_file(path_text)
     if not path.is_file():
         raise HFConfigError(
             "model.config",

@@ -11,8 +11,10 @@ are in `runner.sweep.machine`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
+from typing import get_type_hints
 
 from omegaconf import DictConfig
 
@@ -20,7 +22,7 @@ from runner.config import FAULT_KINDS, RunConfig
 from runner.data.corpus import CorpusError, corpus_problem, tokenizer_vocab_size
 from runner.layout import ParallelLayout
 from runner.modes import custom_expectation
-from runner.ranges import range_problems
+from runner.ranges import range_problems, unoptional, value_at
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
 from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
@@ -41,10 +43,11 @@ class InvalidConfig(ValueError):
 def config_problems(cfg: DictConfig) -> Problems:
     """(field, message) pairs for every rule the config breaks.
 
-    Fields outside their ranges are reported alone: the rules between fields
-    assume each field is in range (an sp of 0 divides nothing).
+    Fields outside their ranges, and empty strings, are reported alone: the rules
+    between fields assume each field is in range (an sp of 0 divides nothing) and
+    each path names something (`Path("")` is the working folder).
     """
-    problems = range_problems(cfg, RunConfig)
+    problems = range_problems(cfg, RunConfig) + empty_problems(cfg)
     if problems:
         return problems
     shape, problems = model_problems(cfg.model)
@@ -69,6 +72,31 @@ def config_problems(cfg: DictConfig) -> Problems:
             )
         )
     return problems
+
+
+def string_fields(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, bool]]:
+    """(dotted name, whether null is valid) of every string field of the schema."""
+    found = []
+    hints = get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        kind = unoptional(hints[field.name])
+        if dataclasses.is_dataclass(kind):
+            found += string_fields(kind, f"{prefix}{field.name}.")
+        elif kind is str:
+            found.append((f"{prefix}{field.name}", kind is not hints[field.name]))
+    return found
+
+
+def empty_problems(cfg: DictConfig) -> Problems:
+    """A string field given as '' (or blanks) names nothing: `data.path=''` would read every .txt file under the
+    working folder. The message says what the field takes, and null where null is valid."""
+    found = []
+    for name, nullable in string_fields():
+        value = value_at(cfg, name)
+        if isinstance(value, str) and not value.strip():
+            off = f", or {name}=null" if nullable else ""
+            found.append((name, f"{name}={value!r} is empty; give a value{off} (`python -m runner --help`)"))
+    return found
 
 
 def validate(cfg: DictConfig) -> None:
