@@ -15,15 +15,13 @@ interrupts.hold_for_good()  # first: a Ctrl-C during the imports below is noted,
 STARTED = time.time()  # this invocation's jobs are those that recorded an outcome since
 
 import logging  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from runner.config import register_configs  # noqa: E402
 from runner.sweep import rerun  # noqa: E402
@@ -64,19 +62,13 @@ def report_interruption(signum: int, stop: interrupts.Interrupted | None) -> Non
 
 def _where(stop: interrupts.Interrupted | None) -> tuple[Path | None, Path | None]:
     """(the sweep's folder, or None; the single run's folder, or None): from the job the signal stopped, else
-    from Hydra's config of this invocation (a signal between the jobs, or in Hydra's own start of one)."""
+    from where Hydra was putting this invocation's jobs (a signal between the jobs, or in Hydra's own start of
+    one: `interrupts.JobFolders`)."""
     if stop is not None and stop.job_dir is not None:
         return stop.sweep_dir, None if stop.sweep_dir is not None else stop.job_dir
-    if not HydraConfig.initialized():
-        return None, None
-    hydra_cfg = HydraConfig.get()
-    try:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            return Path(hydra_cfg.sweep.dir), None
-        folder = Path(hydra_cfg.run.dir)
-    except OmegaConfBaseException:  # not resolvable yet
-        return None, None
-    return None, folder if folder.is_dir() else None
+    folders = interrupts.folders()
+    run = folders.get("run")
+    return folders.get("sweep"), run if run is not None and run.is_dir() else None
 
 
 def _main() -> int:
@@ -99,17 +91,23 @@ if __name__ == "__main__":
     if problems:
         print(f"runner: {InvalidConfig(problems)}", file=sys.stderr)
         raise SystemExit(EXIT_INVALID)
-    interrupts.install()  # from here to the first job, and between jobs, a signal raises `Interrupted`
     stop, code = None, 0
     try:
         try:
-            code = _main()
+            interrupts.install()  # from here to the first job, and between jobs, a signal raises `Interrupted`
+            if interrupts.first_signal() is None:  # one during the imports ends the run before anything started
+                code = _main()
         finally:
             interrupts.hold_for_good()  # the work is done or stopped: a signal from here on is only noted
     except interrupts.Interrupted as interrupted:
         stop = interrupted
-    signum = interrupts.first_signal()
+    signum = interrupts.block_for_exit()
     if signum is not None:  # the first signal decides, wherever it arrived (and however the work ended)
         report_interruption(signum, stop)
-        code = 128 + signum
+        # Exit now: the interpreter's shutdown would finalize what the signal cut short (a half-run context
+        # manager of Hydra's composition prints "Exception ignored ... Python is likely shutting down").
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
     raise SystemExit(code)

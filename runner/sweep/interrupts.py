@@ -21,6 +21,7 @@ from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _noted: list[int] = []  # the signals of this process, in order of arrival, once the first has arrived
+_folders: dict[str, Path] = {}  # where this invocation's jobs go: "sweep" or "run" (`note_folder`)
 
 
 class Interrupted(BaseException):
@@ -68,6 +69,17 @@ def hold_for_good() -> None:
             signal.signal(signum, _note)
 
 
+def block_for_exit() -> int | None:
+    """Block SIGINT and SIGTERM at the system level (the interpreter's own shutdown restores the default
+    handlers, which would let one kill the process mid-exit), and return the first that arrived, noted or
+    pending, or None."""
+    if not hasattr(signal, "pthread_sigmask") or not _in_main_thread():
+        return first_signal()
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    pending = [signum for signum in SIGNALS if signum in signal.sigpending()]
+    return first_signal() or (pending[0] if pending else None)
+
+
 def first_signal() -> int | None:
     """The first SIGINT or SIGTERM this process received, or None."""
     return _noted[0] if _noted else None
@@ -92,3 +104,14 @@ def held(deliver: bool = True) -> Iterator[list[int]]:
             signal.signal(signum, _note if _noted else handler)
         if arrived and deliver:
             signal.raise_signal(arrived[0])  # the handler before the block acts now (after the block's work)
+
+
+def note_folder(kind: str, folder: Path) -> None:
+    """Where this invocation's jobs go: kind "sweep" (the sweep's folder) or "run" (the single run's), as Hydra
+    starts (`runner.sweep.tally.JobFolders`)."""
+    _folders[kind] = folder
+
+
+def folders() -> dict[str, Path]:
+    """{"sweep": the sweep's folder} or {"run": the single run's folder}, once Hydra has started; else {}."""
+    return dict(_folders)

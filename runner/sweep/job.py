@@ -111,7 +111,7 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     facts = custom_fn_facts(cfg.custom.fn) if cfg.reduction.value == "custom" else None
     identity = run_identity(cfg, verdict.config_yaml, facts)
     if arrived:  # stopped before anything of this attempt was written
-        rerun.record_interrupted(place.job_dir, arrived[0], since=place.started)
+        rerun.record_interrupted(place.job_dir, arrived[0], since=place.started, ours=True)
         return {"status": "failed"}
     earlier = rerun.earlier_attempt(place.job_dir, identity)
     if earlier == "completed":

@@ -124,10 +124,13 @@ def recorded_since(job_dir: Path, since: float) -> bool:
     return max(outcomes) >= since
 
 
-def record_interrupted(job_dir: Path, signum: int, since: float) -> None:
-    """summary.json of a job of this invocation (started at `since`) that a signal stopped before it recorded
-    anything, unless its folder holds an earlier run's results: those are left as they were."""
-    if not job_dir.is_dir() or recorded_since(job_dir, since) or holds_results(job_dir):
+def record_interrupted(job_dir: Path, signum: int, since: float, *, ours: bool = False) -> None:
+    """summary.json of a job of this invocation (started at `since`; `ours`: the caller is that job) that a
+    signal stopped before it recorded anything, unless its folder holds an earlier run's results: those are
+    left as they were."""
+    if not job_dir.is_dir() or not (ours or started_since(job_dir, since)) or recorded_since(job_dir, since):
+        return
+    if holds_results(job_dir):
         return
     clear(job_dir)
     update_summary(
@@ -140,14 +143,16 @@ def record_interrupted(job_dir: Path, signum: int, since: float) -> None:
     )
 
 
+def started_since(job_dir: Path, since: float) -> bool:
+    """Whether Hydra made or started this job folder in the invocation that started at `since`: the folder, or
+    what Hydra writes into it before it calls the job (.hydra/), changed since."""
+    marks = [job_dir, job_dir / ".hydra", job_dir / ".hydra" / "overrides.yaml"]
+    return any(mark.exists() and mark.stat().st_mtime >= since for mark in marks)
+
+
 def jobs_started_since(sweep_dir: Path, since: float) -> list[Path]:
-    """The job folders of `sweep_dir` that Hydra started in the invocation that started at `since` (Hydra writes
-    .hydra/overrides.yaml into a job's folder before it calls the job)."""
+    """The job folders of `sweep_dir` that Hydra made or started in the invocation that started at `since`."""
     if not sweep_dir.is_dir():
         return []
-    started = []
-    for job in sorted(sweep_dir.iterdir()):
-        overrides = job / ".hydra" / "overrides.yaml"
-        if overrides.exists() and overrides.stat().st_mtime >= since:
-            started.append(job)
-    return started
+    folders = (p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != SUPERSEDED)
+    return [job for job in sorted(folders) if not job.name.startswith("analysis") and started_since(job, since)]

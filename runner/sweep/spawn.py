@@ -3,7 +3,8 @@
 Every rank's output goes to JOB_DIR/logs/rank<r>.log; rank 0's is also echoed
 to this terminal, with each distinct framework warning shown once per sweep.
 When a rank fails, the others are stopped (they would wait in a collective
-forever); past the timeout, all are.
+forever); past the timeout, all are. Ranks start with SIGINT blocked: a Ctrl-C
+is the launcher's (`runner.sweep.interrupts`), which stops them with SIGTERM.
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ def _echo(stream, log_file) -> None:
             _shown_warnings.add(key)
         sys.stdout.write(line)
         sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread for the block, and so in a process it starts (a signal mask survives exec):
+    a terminal's Ctrl-C reaches the whole process group, but a rank leaves it to the launcher, which stops the
+    ranks (SIGTERM) and records the job, instead of dying mid-import with a traceback. A SIGINT that arrives
+    meanwhile waits, and reaches this process's handler when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _wait_for_exit(processes: Sequence[subprocess.Popen], seconds: float) -> None:
@@ -115,11 +132,12 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
             log_files.append(log_file)
             echo = rank == 0
             command = [sys.executable, "-m", module, str(job_dir), *worker_args, "--spawned-at", spawned_at]
-            processes.append(
-                subprocess.Popen(
-                    command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT
+            with _sigint_blocked():  # the rank is born with SIGINT blocked: Ctrl-C is the launcher's to act on
+                processes.append(
+                    subprocess.Popen(
+                        command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT
+                    )
                 )
-            )
             if echo:
                 echo_thread = threading.Thread(target=_echo, args=(processes[0].stdout, log_file), daemon=True)
                 echo_thread.start()

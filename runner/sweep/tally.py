@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from runner.record.config_file import read_config
 from runner.record.summary import STATUSES, read_summary
+from runner.sweep import interrupts
 from runner.sweep.rerun import REFUSED
 from runner.sweep.validate import EXIT_INVALID
 
@@ -95,3 +96,14 @@ class SweepTally(Callback):
             log.error(f"sweep: {result.line()} -> {sweep_dir}; no job could run here")
             raise SystemExit(EXIT_INVALID)
         log.info(f"sweep: {result.line()} -> {sweep_dir}")
+
+
+class JobFolders(Callback):
+    """Notes where this invocation's jobs go, as Hydra starts, so that a signal anywhere (in Hydra's own start of
+    a job, between the jobs) still finds the jobs to record and the sweep to tally (`runner.__main__`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        interrupts.note_folder("run", Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        interrupts.note_folder("sweep", Path(config.hydra.sweep.dir))
