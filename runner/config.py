@@ -290,8 +290,8 @@ def register_configs() -> None:
 
 def run_config_from(cfg: DictConfig) -> DictConfig:
     """The job's own config (Hydra's node removed), resolved and typed."""
-    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    plain.pop("hydra", None)
+    job_keys = [key for key in cfg if key != "hydra"]  # Hydra's node may hold what resolves in a job only
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, job_keys), resolve=True, throw_on_missing=True)
     data = plain.get("data") or {}
     if data.get("path") is not None and data.get("name") == "embedded":
         data["name"] = "text"  # `data.path=...` alone reads the user's text, and config.yaml says so

@@ -17,10 +17,8 @@ and the job is refused, not run, with the tally counting it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import typing
 from enum import Enum
 from pathlib import Path
 
@@ -32,9 +30,10 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+from schema_values import leaves
 
 from runner.config import RunConfig, register_configs
-from runner.ranges import numeric_fields, unoptional
+from runner.ranges import numeric_fields
 from runner.sweep.job import run_job
 from runner.sweep.overrides import schema_keys
 from runner.sweep.rerun import JOB_FILES
@@ -83,38 +82,21 @@ STRINGS = [
 FREE_TEXT = {"model.name", "wandb.project", "wandb.entity", "custom.rule"}
 
 
-def schema_leaves() -> dict[str, type]:
-    """Every leaf key of the schema with its type."""
-    leaves = {}
-
-    def walk(cls, prefix):
-        hints = typing.get_type_hints(cls)
-        for field in dataclasses.fields(cls):
-            kind = unoptional(hints[field.name])
-            if dataclasses.is_dataclass(kind):
-                walk(kind, f"{prefix}{field.name}.")
-            else:
-                leaves[f"{prefix}{field.name}"] = kind
-
-    walk(RunConfig, "")
-    return leaves
-
-
 NUMERIC = [(name, value) for name, kind, valid, _ in numeric_fields(RunConfig) for value in outside(name, kind, valid)]
 CASES = [(name, str(value), [], name) for name, value in NUMERIC] + STRINGS
 CLOSED = [
     (name, "not_a_value")
-    for name, kind in schema_leaves().items()
+    for name, kind in leaves().items()
     if kind is bool or (isinstance(kind, type) and issubclass(kind, Enum))
 ]
 
 
 def test_every_field_of_the_schema_is_tried():
     tried = {name for name, *_ in CASES} | {name for name, _ in CLOSED} | FREE_TEXT | {"model.overrides"}
-    assert set(schema_leaves()) - tried == set()
+    assert set(leaves()) - tried == set()
     assert {name for name, *_ in CASES} >= {name for name, _ in NUMERIC}
     keys, _ = schema_keys()
-    assert set(schema_leaves()) <= keys
+    assert set(leaves()) <= keys
 
 
 @pytest.fixture(scope="module")

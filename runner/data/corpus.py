@@ -79,6 +79,16 @@ def _jsonl_texts(path: Path, text_field: str) -> list[str]:
     return documents
 
 
+def has_fields(path: str | None) -> bool:
+    """Whether the data holds records with fields (a .jsonl file): the only data `data.text_field` acts on."""
+    return path is not None and Path(path).suffix == ".jsonl" and not Path(path).expanduser().is_dir()
+
+
+def text_field_of(data) -> str:
+    """`data.text_field` where the data has fields; elsewhere the field is not read (any name does)."""
+    return data.text_field if has_fields(data.path) else "text"
+
+
 def read_texts(path: Path, text_field: str) -> list[str]:
     """Documents of a user's data: paragraphs of .txt files, or records of a .jsonl file."""
     if path.is_dir():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import RunConfig, config_container
-from runner.modes import mode_label
+from runner.modes import has_graph_all_reduce, mode_label
 
 
 def has_wandb_credentials() -> bool:
@@ -39,7 +39,7 @@ def start_wandb_run(cfg: RunConfig, job_dir: Path, *, name: str, group: str, ext
         project=cfg.wandb.project,
         entity=cfg.wandb.entity,
         group=group,
-        job_type=mode_label(cfg.reduction, cfg.autograd_all_reduce, cfg.custom.fn),
+        job_type=_mode_label(cfg),
         name=name,
         config=config,
         dir=str(job_dir),
@@ -49,6 +49,13 @@ def start_wandb_run(cfg: RunConfig, job_dir: Path, *, name: str, group: str, ext
     run.define_metric("tokens")
     run.define_metric("*", step_metric="tokens")
     return run
+
+
+def _mode_label(cfg: RunConfig) -> str:
+    """The run's mode label, reading only the keys the mode reads (`runner.sweep.ignored`)."""
+    if cfg.reduction.value == "custom":
+        return mode_label(cfg.reduction, custom_fn=cfg.custom.fn)
+    return mode_label(cfg.reduction, cfg.autograd_all_reduce if has_graph_all_reduce(cfg.reduction) else "funcol")
 
 
 NESTED = ("comm", "loss_comm", "cost_s", "cost_order")  # flattened below

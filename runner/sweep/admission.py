@@ -16,7 +16,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from runner.config import run_config_from, run_config_yaml
 from runner.layout import ParallelLayout
+from runner.sweep.ignored import ignored_key_problems, trainer_keys, trainer_problems
 from runner.sweep.machine import machine_problems
+from runner.sweep.overrides import CONF
 from runner.sweep.validate import Problems, config_problems, schema_problems
 
 
@@ -35,17 +37,23 @@ class Admitted:
     ignored: Problems = field(default_factory=list)
 
 
-def admit(task_cfg: DictConfig, *, machine: dict | None) -> Admitted | Refused:
+def admit(
+    task_cfg: DictConfig, *, machine: dict | None, sweeping: bool = False, trainer: str | None = None
+) -> Admitted | Refused:
     """Every rule for Hydra's composed job config (`task_cfg`): the schema's, the config's own
-    (`runner.sweep.validate`) and, with `machine` (`cuda_devices`, `cpu_cores`), this machine's."""
+    (`runner.sweep.validate`), no key it would not read (`runner.sweep.ignored`; `trainer` is Hydra's choice
+    of the trainer group) and, with `machine` (`cuda_devices`, `cpu_cores`), this machine's."""
     try:
         cfg = run_config_from(task_cfg)
     except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
         return Refused(schema_problems(error), None)
     config_yaml = run_config_yaml(cfg)
-    problems = config_problems(cfg)
+    overridden = trainer_problems(cfg, trainer, conf=CONF, sweeping=sweeping)
+    explained = tuple(trainer_keys(trainer, CONF)) if overridden else ()  # the trainer's message says why
+    problems = config_problems(cfg, sweeping=sweeping, explained=explained) + overridden
+    ignored = ignored_key_problems(cfg, sweeping=sweeping, besides=explained)[1]
     if machine is not None and not problems:
         problems = machine_problems(cfg, **machine)
     if problems:
         return Refused(problems, config_yaml)
-    return Admitted(cfg, config_yaml, ParallelLayout.from_config(cfg))
+    return Admitted(cfg, config_yaml, ParallelLayout.from_config(cfg), ignored)

@@ -59,6 +59,7 @@ class JobPlace:
     tag: str  # "#3" in a sweep, "run" alone
     overrides: str  # the job's overrides, as Hydra joins them ("defaults" when none)
     started: float
+    trainer: str | None = None  # Hydra's choice of the trainer group (trainer=NAME)
 
     @classmethod
     def of_hydra(cls) -> JobPlace:
@@ -70,6 +71,7 @@ class JobPlace:
             tag=f"#{hydra_cfg.job.num}" if sweeping else "run",
             overrides=hydra_cfg.job.override_dirname or "defaults",
             started=time.time(),
+            trainer=hydra_cfg.runtime.choices.get("trainer"),
         )
 
     @property
@@ -99,7 +101,7 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     env = rank_env()  # None: this process starts the ranks, on this machine
     cuda_devices = visible_cuda_devices() if env is None else 0
     machine = {"cuda_devices": cuda_devices, "cpu_cores": usable_cpu_cores()} if env is None else None
-    verdict = admit(hydra_task_cfg, machine=machine)
+    verdict = admit(hydra_task_cfg, machine=machine, sweeping=place.sweeping, trainer=place.trainer)
     if isinstance(verdict, Refused):
         return _refuse(place, verdict)
     cfg = verdict.cfg

@@ -20,7 +20,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.sweep.admission import Refused, admit
+from runner.sweep.admission import Admitted, Refused, admit
+from runner.sweep.ignored import swept_notes
 from runner.sweep.machine import usable_cpu_cores, visible_cuda_devices
 from runner.sweep.validate import schema_problems
 
@@ -62,6 +63,7 @@ class SweepPreflight(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         jobs = sweep_jobs(config)
         composed = [_compose(config.hydra.job.config_name, overrides) for overrides in jobs]
+        trainers = [None if isinstance(job, Refused) else job.hydra.runtime.choices.get("trainer") for job in composed]
         world_sizes = [job.get("world_size") for job in composed if not isinstance(job, Refused)]
         shape = slurm_shape_problems(config.hydra.launcher, [w for w in world_sizes if isinstance(w, int)])
         if shape:
@@ -77,7 +79,25 @@ class SweepPreflight(Callback):
             else {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
         )
         # The jobs' own rules (`admit`): a job listed here as invalid is refused by the same call when it starts.
-        verdicts = [job if isinstance(job, Refused) else admit(job, machine=here) for job in composed]
+        verdicts = [
+            job if isinstance(job, Refused) else admit(job, machine=here, sweeping=True, trainer=trainer)
+            for job, trainer in zip(composed, trainers)
+        ]
+        admitted = [(n, v.cfg, v.ignored) for n, v in enumerate(verdicts) if isinstance(v, Admitted)]
+        notes, unread = swept_notes(admitted)
+        if unread:
+            log.error("preflight: " + "; ".join(message for _, message in unread) + "; nothing was started")
+            raise SystemExit(2)
+        for note in notes:
+            log.warning(f"preflight: {note}")
+        overridden = sorted(
+            {t for t, v in zip(trainers, verdicts) if isinstance(v, Refused) and t and "trainer" in dict(v.problems)}
+        )
+        to_trainers = (
+            f"\nto run these trainers' rules: python -m runner -m experiment=trainers trainer={','.join(overridden)}"
+            if overridden
+            else ""
+        )
         invalid = [
             _line(number, overrides, verdict.problems)
             for number, (overrides, verdict) in enumerate(zip(jobs, verdicts))
@@ -86,7 +106,7 @@ class SweepPreflight(Callback):
         if not invalid:
             log.info(f"preflight: all {len(jobs)} jobs are valid")
             return
-        report = "\n".join(invalid)
+        report = "\n".join(invalid) + to_trainers
         if len(invalid) == len(jobs):
             log.error(f"preflight: no job of this sweep is valid, nothing was started:\n{report}")
             # Hydra turns a callback's exceptions into warnings; SystemExit is not an Exception.
@@ -96,7 +116,7 @@ class SweepPreflight(Callback):
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig | Refused:
     try:
-        return compose(config_name, overrides)
+        return compose(config_name, overrides, return_hydra_config=True)
     except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
         return Refused(schema_problems(error), None)
 

@@ -25,6 +25,8 @@ from runner.modes import custom_expectation
 from runner.ranges import range_problems, unoptional, value_at
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
+from runner.sweep.hf_check import hf_class_problems
+from runner.sweep.ignored import ignored_key_problems
 from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
 from runner.sweep.overrides import schema_keys
 
@@ -40,7 +42,7 @@ class InvalidConfig(ValueError):
         super().__init__(f"invalid config ({fields}):\n{lines}")
 
 
-def config_problems(cfg: DictConfig) -> Problems:
+def config_problems(cfg: DictConfig, *, sweeping: bool = False, explained: tuple[str, ...] = ()) -> Problems:
     """(field, message) pairs for every rule the config breaks.
 
     Fields outside their ranges, and empty strings, are reported alone: the rules
@@ -57,12 +59,16 @@ def config_problems(cfg: DictConfig) -> Problems:
         n_heads=shape.heads if shape else None,
         heads_field=shape.heads_field if shape else "model.n_heads",
     )
+    if shape is not None and cfg.model.arch.value == "hf":
+        problems += hf_class_problems(cfg)  # transformers' config class, asked in a subprocess
     problems += positions_problems(cfg, shape)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
     problems += vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)
     problems += _fault_problems(cfg)
+    # Keys this job would not read (`runner.sweep.ignored`; `explained`: keys a trainer's message covers).
+    problems += ignored_key_problems(cfg, sweeping=sweeping, besides=explained)[0]
     if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
         problems.append(
             (
@@ -197,12 +203,7 @@ def _fault_problems(cfg: DictConfig) -> Problems:
         return [("fault.kind", f"fault.kind={fault.kind} is not a fault; valid: {', '.join(FAULT_KINDS)}")]
     if fault.kind == "none":
         return []
-    found = []
-    if cfg.cost.modes:
-        modes = [m.value for m in cfg.cost.modes]
-        found.append(
-            ("fault.kind", f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {modes})")
-        )
+    found = []  # a cost job reads no fault.* (`runner.sweep.ignored`)
     if fault.rank >= cfg.world_size:
         found.append(
             (

@@ -18,7 +18,7 @@ from runner.data.batches import Batch, GlobalBatches, load_documents, local_micr
 from runner.layout import ParallelLayout
 from runner.model.parallel import Meshes, parallelize
 from runner.model.registry import build_model
-from runner.modes import Reduction, fsdp_reduction_of
+from runner.modes import AutogradAllReduce, Reduction, fsdp_reduction_of, has_graph_all_reduce
 from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.train.reduction import LossReducer
 
@@ -66,9 +66,9 @@ class RankParts:
             from runner.train.custom import CustomReducer
 
             return CustomReducer(resolve_callable(cfg.custom.fn), cfg.custom.fn, self.meshes, cfg.grad_accum)
-        return LossReducer(
-            mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=cfg.autograd_all_reduce
-        )
+        # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
+        all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
+        return LossReducer(mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=all_reduce)
 
 
 def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
@@ -81,7 +81,8 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
         packing=cfg.data.packing,
         separator=packing_separator(cfg.data),
     )
-    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value)
+    custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
+    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)
