@@ -148,7 +148,8 @@ def _no_tokenizer_file(path: str, file: Path) -> str:
     valid = "give a tokenizer.json (the `tokenizers` library's format) or the folder that holds one"
     if not given.exists():
         return f"data.tokenizer={path} does not exist; {valid}, or data.tokenizer=null for byte-level tokens"
-    held = sorted(p.name for p in given.iterdir())[:8] if given.is_dir() else []
+    entries = sorted(p.name for p in given.iterdir()) if given.is_dir() else []
+    held = entries[:8] + ([f"and {len(entries) - 8} more"] if len(entries) > 8 else [])
     if (given.is_dir() and given.suffix == ".json") or file.is_dir():  # a folder named like the file
         return f"data.tokenizer={path} is a folder, not a file; {valid}"
     slow = [name for name in held if name in ("tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")]
