@@ -73,9 +73,9 @@ class RankParts:
                 autograd_all_reduce=cfg.autograd_all_reduce,
                 timeout_s=cfg.dist.timeout_s,
             )
-        return LossReducer(
-            mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=cfg.autograd_all_reduce
-        )
+        # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
+        all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
+        return LossReducer(mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=all_reduce)
 
     def graph_all_reduce(self) -> AutogradAllReduce | None:
         """The differentiable all-reduce in this run's graph: `sum`'s `autograd_all_reduce`, or the one a custom
@@ -118,7 +118,8 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
         separator=packing_separator(cfg.data),
         valid_tokens=cfg.data.valid_tokens,
     )
-    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value)
+    custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
+    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)
