@@ -49,3 +49,22 @@ def start_wandb_run(cfg: RunConfig, job_dir: Path, *, name: str, group: str, ext
     run.define_metric("tokens")
     run.define_metric("*", step_metric="tokens")
     return run
+
+
+NESTED = ("comm", "loss_comm", "cost_s", "cost_order")  # flattened below
+# In every run's W&B config already (dp, sp), or inputs to the analysis that no chart shows
+# (the K sketch projections): metrics.jsonl keeps them, W&B does not chart them (30% fewer keys a step).
+NOT_CHARTED = ("dp", "sp", "grad_sketch")
+
+
+def wandb_payload(record: dict[str, Any]) -> dict[str, Any]:
+    """A metrics.jsonl record flattened for W&B charts: comm/<kind>/<field>, loss_comm/<field>, cost_s/<mode>."""
+    payload = {key: value for key, value in record.items() if key not in NESTED + NOT_CHARTED}
+    for kind, counts in (record.get("comm") or {}).items():  # null on steps that were not counted
+        for field, value in counts.items():
+            payload[f"comm/{kind}/{field}"] = value
+    for field, value in (record.get("loss_comm") or {}).items():
+        payload[f"loss_comm/{field}"] = value
+    for mode, seconds in (record.get("cost_s") or {}).items():
+        payload[f"cost_s/{mode}"] = seconds
+    return payload
