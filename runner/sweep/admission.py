@@ -48,7 +48,7 @@ def admit(
     except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
         return Refused(schema_problems(error), None)
     config_yaml = run_config_yaml(cfg)
-    overridden = trainer_problems(cfg, trainer, conf=CONF, sweeping=sweeping)
+    overridden = trainer_problems(task_cfg, trainer, conf=CONF, sweeping=sweeping)  # as composed: unresolved
     explained = tuple(trainer_keys(trainer, CONF)) if overridden else ()  # the trainer's message says why
     problems = config_problems(cfg, sweeping=sweeping, explained=explained) + overridden
     ignored = ignored_key_problems(cfg, sweeping=sweeping, besides=explained)[1]

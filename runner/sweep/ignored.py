@@ -203,7 +203,7 @@ def trainer_keys(trainer: str | None, conf: Path) -> dict:
 def trainer_problems(cfg: DictConfig, trainer: str | None, *, conf: Path, sweeping: bool) -> Problems:
     """`trainer=NAME` whose rule this job's config replaced (a key of conf/trainer/NAME.yaml set otherwise)."""
     wanted = trainer_keys(trainer, conf)
-    replaced = [(key, value) for key, value in wanted.items() if _shown(value_at(cfg, key)) != value]
+    replaced = [(key, value) for key, value in wanted.items() if _as_set(cfg, key, value) != value]
     if not replaced:
         return []
     sets = ", ".join(f"{key}={value}" for key, value in replaced)
@@ -219,6 +219,16 @@ def trainer_problems(cfg: DictConfig, trainer: str | None, *, conf: Path, sweepi
             f"trainer={trainer} sets {sets}, but this job has {has}, so {trainer}'s rule would not run; {how}",
         )
     ]
+
+
+def _as_set(cfg: DictConfig, key: str, preset_value: object) -> object:
+    """The job's value of `key` as the preset would have set it: resolved, or, where the preset's value is an
+    interpolation (`${runner_if_equal:...}`, resolved against the job's layout), the job's unresolved text."""
+    if isinstance(preset_value, str) and "${" in preset_value and isinstance(cfg, DictConfig):
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        return OmegaConf.to_container(node, resolve=False).get(leaf) if isinstance(node, DictConfig) else None
+    return _shown(value_at(cfg, key))
 
 
 def _flat(config: object, prefix: str = "") -> dict:
