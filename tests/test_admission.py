@@ -79,7 +79,7 @@ STRINGS = [
     ("cost.modes", "[sum]", [], "must include local"),
 ]
 # Strings any value of which is valid: names and labels.
-FREE_TEXT = {"model.name", "wandb.project", "wandb.entity", "custom.rule"}
+FREE_TEXT = {"model.name", "wandb.project", "wandb.entity", "custom.rule", "custom.name"}
 
 
 NUMERIC = [(name, value) for name, kind, valid, _ in numeric_fields(RunConfig) for value in outside(name, kind, valid)]

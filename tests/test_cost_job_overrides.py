@@ -39,7 +39,7 @@ def quick_tries() -> list[list[str]]:
     tries = [[as_override(key, another_value(kind, value_at(defaults, key)))] for key, kind in leaves().items()]
     tries = [t for t in tries if t[0]]
     tries += [["train.steps=5"], ["autograd_all_reduce=identity"], ["trainer=xtuner"]]
-    tries += [["reduction=custom", "custom.fn=examples.reductions.torchtitan:loss", "train.steps=20"]]
+    tries += [["reduction=custom", "custom.fn=runner.trainers.torchtitan:loss", "train.steps=20"]]
     tries += [["model=small", "train.steps=200", "optim.lr=1e-3"]]
     return tries
 

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from runner.config import config_with, run_config_yaml
 from runner.sweep import identity as identity_module
-from runner.sweep.custom_check import custom_fn_facts
+from runner.sweep.custom_check import custom_fn_facts, forget_checked
 from runner.sweep.identity import identity_changes, run_identity
 
 PRESETS = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -72,7 +72,7 @@ def inputs(folder: Path) -> list[tuple[str, str, dict, Path]]:
 def identity_of(overrides: dict) -> dict:
     """The identity a launching process computes (a fresh one: the callable's facts are read anew)."""
     cfg = config_with(overrides)
-    custom_fn_facts.cache_clear()
+    forget_checked()
     facts = custom_fn_facts(cfg.custom.fn) if cfg.reduction.value == "custom" else None
     return run_identity(cfg, run_config_yaml(cfg), facts)
 

@@ -32,7 +32,7 @@ from runner.sweep.ignored import meaningless_keys
 pytestmark = pytest.mark.slow
 
 BASE = {"train.steps": 4, "train.seq_len": 32, "train.global_batch": 8, "grad_accum": 2, "wandb.mode": "disabled"}
-CUSTOM = {"custom.fn": "examples.reductions.torchtitan:loss", "custom.fsdp_reduce": "sum"}
+CUSTOM = {"custom.fn": "runner.trainers.torchtitan:loss", "custom.fsdp_reduce": "sum"}
 COST = {"cost.modes": ["sum", "local"], "cost.warmup_steps": 1, "cost.floor_calls": 5, "train.steps": 3}
 # Keys a rank does not read but the launcher or the analysis does, and when.
 OUTSIDE_THE_RANKS = {

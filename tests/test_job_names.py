@@ -54,7 +54,7 @@ def test_overrides_as_hydra_composes_them():
     """custom.fn's colon, paths with spaces, quotes and brackets: every value a user may type, as the folder's name."""
     register_configs()
     values = [f"'/data/my {c}corpus.txt'" for c in string.punctuation if c not in "'\\"] + ["'~/a b/c.jsonl'"]
-    cases = [["reduction=custom", "custom.fn=examples.reductions.torchtitan:loss"], ["cost.modes=[sum,local]"]]
+    cases = [["reduction=custom", "custom.fn=runner.trainers.torchtitan:loss"], ["cost.modes=[sum,local]"]]
     cases += [[f"data.path={value}", "reduction=sum"] for value in values]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         for overrides in cases:

@@ -56,6 +56,11 @@ def check_all(specs: list[str]) -> None:
         _facts[spec] = facts
 
 
+def forget_checked() -> None:
+    """Forget every check of this process: the next `custom_fn_facts` imports the callables anew."""
+    _facts.clear()
+
+
 def custom_fn_facts(spec: str) -> dict:
     """`runner.callables.callable_facts` of custom.fn=`spec`, from a subprocess; checked once per process.
     `problem` is a message naming the field, or None."""

@@ -34,7 +34,7 @@ from runner.sweep.model_rules import other_architecture_fields
 Problems = list[tuple[str, str]]
 # Keys that a sweep sets for some of its modes on purpose: `-m reduction=sum,local autograd_all_reduce=identity`,
 # `-m reduction=local,custom custom.fn=...` (README, "Which differentiable all-reduce" and "Custom reductions").
-SWEPT_ON_PURPOSE = ("autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule")
+SWEPT_ON_PURPOSE = ("autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ RULES = (
         lambda cfg: f"reduction={cfg.reduction.value} has no differentiable all-reduce in its graph (only sum has one)",
     ),
     Rule(
-        ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule"),
+        ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name"),
         lambda cfg: cfg.reduction.value == "custom",
         lambda cfg: f"reduction={cfg.reduction.value} is a built-in mode; custom.* is read by reduction=custom only",
     ),
