@@ -1,6 +1,6 @@
 """Every kind of bad input is refused before any rank starts: exit status 2, a message naming the field and a valid value.
 
-Each case is a real `python -m runner` single run. README.md's table
+Each case is a real `python -m runner` single run. docs/command-line.md's table
 "Refused before launch" lists the same kinds (checked below), so the table
 stays true.
 """
@@ -21,7 +21,7 @@ from runner.sweep.machine import CPU_RANKS_PER_CORE, machine_problems, usable_cp
 from runner.sweep.validate import EXIT_INVALID
 from tests.helpers import run_config, train_tokenizer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REFUSALS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "command-line.md"
 OVERSUBSCRIBED = 2 * CPU_RANKS_PER_CORE * usable_cpu_cores()
 
 # (kind as README.md names it, overrides ({data} is a folder of test files), what the message must say)
@@ -159,6 +159,37 @@ REFUSALS = [
         ["experiment=cost", "autograd_all_reduce=identity"],
         ["autograd_all_reduce=identity with cost.modes=", "use autograd_all_reduce=funcol"],
     ),
+    ("an empty string", ["data.path=''"], ["data.path='' is empty", "data.path=null"]),
+    (
+        "a key the job would not read",
+        ["reduction=local", "autograd_all_reduce=identity"],
+        ["autograd_all_reduce=identity is not read by this job", "drop autograd_all_reduce"],
+    ),
+    (
+        "a trainer whose rule the job replaces",
+        ["trainer=xtuner", "reduction=sum"],
+        ["trainer=xtuner sets reduction=custom, but this job has reduction=sum"],
+    ),
+    (
+        "a model.overrides key the config class lacks",
+        ["model=hf_llama", "model.overrides.num_hidden_layer=4"],
+        ["model.overrides.num_hidden_layers"],
+    ),
+    (
+        "a rotary model's odd head size",
+        ["model=hf_llama", "model.overrides.hidden_size=12"],
+        ["rotary embeddings rotate feature pairs", "hidden_size=8 or 16"],
+    ),
+    (
+        "attention Ulysses cannot wrap",
+        ["model=hf_llama", "model.overrides.attention_dropout=0.1", "sp=2", "grad_accum=1"],
+        ["use sp=1", "attention_dropout"],
+    ),
+    (
+        "data.tokenizer a folder without tokenizer.json",
+        ["data.tokenizer={data}/no_tokenizer"],
+        ["is a folder without tokenizer.json", "give a tokenizer.json"],
+    ),
 ]
 
 
@@ -176,6 +207,8 @@ def data_dir(tmp_path_factory) -> Path:
     bert = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_attention_heads": 4, "vocab_size": 512}
     (folder / "bert.json").write_text(json.dumps(bert))
     train_tokenizer(folder / "tokenizer.json", 384)
+    (folder / "no_tokenizer").mkdir()
+    (folder / "no_tokenizer" / "vocab.txt").write_text("a\n")
     return folder
 
 
@@ -208,11 +241,19 @@ def test_refused_before_launch_with_exit_status_2(kind, overrides, expected, dat
         assert status == ("skipped" if kind.startswith("device=cuda") else "invalid")  # valid, but not here
 
 
-def test_readme_lists_every_refusal():
-    section = README.read_text().split("### Refused before launch", 1)[1].split("\n#", 1)[0]
+def test_docs_list_every_refusal():
+    section = REFUSALS_PAGE.read_text().split("## Refused before launch", 1)[1].split("\n#", 1)[0]
     kinds = re.findall(r"^\| ([^|]+?) \|", section, flags=re.MULTILINE)[1:]  # after the header
     assert sorted(kinds) == sorted(kind for kind, _, _ in REFUSALS)
     assert len(kinds) >= 15
+    # A row's example, where it is overrides, is its case's (files named without the test's folder), so that
+    # the example as shown is refused for the reason its row gives, not by another rule first.
+    examples = dict(re.findall(r"^\| ([^|]+?) \| ([^|]*) \|", section, flags=re.MULTILINE)[1:])
+    for kind, overrides, _ in REFUSALS:
+        shown = [example for example in re.findall(r"`([^`]*)`", examples[kind]) if "=" in example]
+        case = " ".join(overrides).replace("{data}/", "")
+        if shown and not (kind == "world_size beyond this machine" and OVERSUBSCRIBED != 16):  # shown for 2 cores
+            assert case in shown, f"{kind}: the table shows {shown}, the test runs {case}"
 
 
 def test_oversubscription_depends_on_the_machine_and_can_be_forced():

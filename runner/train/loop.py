@@ -20,6 +20,8 @@ outright loses them: at most gather_every - 1 steps).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from runner.data.batches import Batch, micro_batch_token_range
@@ -136,6 +138,12 @@ def train(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
     for step in range(1, parts.cfg.train.steps + 1):
         record = trainer.step(step)
         result.steps_done, result.final_loss = step, record["loss"]
+        if not math.isfinite(record["reported_loss"]):
+            if not result.reported_not_finite and logger is not None:
+                print(
+                    f"reported loss not finite at step {step}: {record['reported_loss']} (training goes on)", flush=True
+                )
+            result.reported_not_finite.append(step)
         stop = divergence(step, record["loss"], record["grad_norm"])
         if stop is not None:
             result.status, result.error = "diverged", stop
