@@ -12,6 +12,7 @@ whose own package is missing is refused with the one command that installs it
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import importlib
 import inspect
@@ -110,19 +111,40 @@ def callable_problem(spec: str) -> str | None:
     return None
 
 
-def callable_facts(spec: str) -> dict:
+def callable_facts(spec: str, preloaded: frozenset[str] = frozenset()) -> dict:
     """What is wrong with `spec` (`problem`, or None), and the code its import brought in, for the run's identity:
     `source` (a sha256 over the files of the modules that are not an installed package's: the callable's own
     module and the local modules it imports), `modules` (their names) and `packages` (each installed
-    distribution whose modules it imported, with its version). The runner's own modules are the package's
-    (its version is in every run's identity); the standard library is Python's."""
+    distribution whose modules it imported, with its version), and `graph_all_reduce`, the differentiable
+    all-reduce the rule declares (`runner.train.custom_rule`; None: none). The runner's own modules are the package's
+    (its version is in every run's identity); the standard library is Python's.
+
+    `preloaded`: the modules the checker imported before (torch and what torch imports, `facts_of_each`); they
+    count as the spec's when its import asks for any of their packages, as a fresh interpreter would load them."""
     before = set(sys.modules)
-    problem = callable_problem(spec)
+    asked = set()  # the top-level packages that the spec's import statements name, loaded already or not
+    real_import = builtins.__import__
+
+    def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0:
+            asked.add(name.partition(".")[0])
+        return real_import(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = recording_import
+    try:
+        problem = callable_problem(spec)
+    finally:
+        builtins.__import__ = real_import
     if problem:
         return {"problem": problem}
+    declared = getattr(resolve_callable(spec), "graph_all_reduce", None)  # imported already: no second import
+    brought = set(sys.modules) - before
+    preloaded_packages = {name.partition(".")[0] for name in preloaded} - set(sys.stdlib_module_names)
+    if asked & preloaded_packages:
+        brought |= preloaded
     distributions = metadata.packages_distributions()
     local, packages = {}, {}
-    for name in sorted(set(sys.modules) - before):
+    for name in sorted(brought):
         top = name.partition(".")[0]
         file = getattr(sys.modules[name], "__file__", None)
         if top in sys.stdlib_module_names or top in ("runner", "__main__", "__mp_main__") or file is None:
@@ -133,7 +155,13 @@ def callable_facts(spec: str) -> dict:
         elif Path(file).is_file():
             local[name] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
     source = hashlib.sha256(json.dumps(local, sort_keys=True).encode()).hexdigest()
-    return {"problem": None, "source": source, "modules": sorted(local), "packages": dict(sorted(packages.items()))}
+    return {
+        "problem": None,
+        "source": source,
+        "modules": sorted(local),
+        "packages": dict(sorted(packages.items())),
+        "graph_all_reduce": getattr(declared, "value", declared),  # "configured": it reads autograd_all_reduce
+    }
 
 
 def facts_of_each(specs: list[str]) -> dict[str, dict]:
@@ -144,8 +172,10 @@ def facts_of_each(specs: list[str]) -> dict[str, dict]:
     (the facts list the modules and packages an import brought in) and a slow import is paid once, not per spec.
     One spec takes the same path, so its facts do not depend on which others were checked beside it.
     """
+    base = set(sys.modules)
     import torch  # noqa: F401
 
+    preloaded = frozenset(set(sys.modules) - base)
     found = {}
     for spec in specs:
         read, write = os.pipe()
@@ -153,7 +183,7 @@ def facts_of_each(specs: list[str]) -> dict[str, dict]:
         if pid == 0:  # the child: import the spec, report, leave without running anyone's exit handlers
             os.close(read)
             try:
-                payload = json.dumps(callable_facts(spec))
+                payload = json.dumps(callable_facts(spec, preloaded))
             except BaseException as error:  # noqa: BLE001 -- a module that raises anything on import
                 payload = json.dumps(
                     {"problem": f"custom.fn={spec}: importing it raised {type(error).__name__}: {error}"}

@@ -42,6 +42,7 @@ OUTSIDE_THE_RANKS = {
     "data.name": lambda cfg: True,  # the data's label (data=text needs data.path)
     "custom.expect": lambda cfg: cfg.reduction.value == "custom",  # the analysis judges the run by it
     "custom.rule": lambda cfg: cfg.reduction.value == "custom",  # the trainers table's line
+    "custom.name": lambda cfg: cfg.reduction.value == "custom",  # the run's mode label
     "cost.warmup_steps": lambda cfg: bool(cfg.cost.modes),  # the analysis leaves these steps out
 }
 
@@ -62,6 +63,8 @@ def bases(data: Path) -> list[tuple[str, object]]:
     found += [
         base("sum-sgd", optim__name="sgd", optim__lr=0.2, optim__momentum=0.9, optim__clip=0.0),
         base("custom-hf-sgd", "hf_llama", reduction="custom", optim__name="sgd", **CUSTOM),
+        # a rule that declares graph_all_reduce="configured": its ctx.all_reduce reads autograd_all_reduce
+        base("custom-configured", reduction="custom", custom__fn="runner.trainers.counterexample:sum_backward_under_fsdp_sum"),
         base("sum-wandb", wandb__mode="offline"),
         base("sum-no-sketch", metrics__sketch_dim=0),
         base("sum-no-counts", metrics__count_comm=False),

@@ -29,6 +29,7 @@ from runner.config import RunConfig
 from runner.data.corpus import has_fields
 from runner.modes import has_graph_all_reduce
 from runner.ranges import value_at
+from runner.sweep.custom_check import custom_fn_facts
 from runner.sweep.model_rules import other_architecture_fields
 
 Problems = list[tuple[str, str]]
@@ -49,11 +50,25 @@ def _modes(cfg: DictConfig) -> list[str]:
     return [cfg.reduction.value] + [mode.value for mode in cfg.cost.modes]
 
 
+def _rule_reads_autograd_all_reduce(cfg: DictConfig) -> bool:
+    """Whether the job's custom rule declares graph_all_reduce="configured": its ctx.all_reduce then uses
+    autograd_all_reduce (`runner.train.custom_rule`). Asked of the launcher's check of custom.fn, once per spec."""
+    if cfg.reduction.value != "custom" or not cfg.custom.fn:
+        return False
+    return custom_fn_facts(cfg.custom.fn).get("graph_all_reduce") == "configured"
+
+
 RULES = (
     Rule(
         ("autograd_all_reduce",),
-        lambda cfg: any(has_graph_all_reduce(mode) for mode in _modes(cfg) if mode != "custom"),
-        lambda cfg: f"reduction={cfg.reduction.value} has no differentiable all-reduce in its graph (only sum has one)",
+        lambda cfg: any(has_graph_all_reduce(mode) for mode in _modes(cfg) if mode != "custom")
+        or _rule_reads_autograd_all_reduce(cfg),
+        lambda cfg: (
+            f"custom.fn={cfg.custom.fn} declares no graph_all_reduce=\"configured\" (only such a rule's ctx.all_reduce "
+            "reads it)"
+            if cfg.reduction.value == "custom"
+            else f"reduction={cfg.reduction.value} has no differentiable all-reduce in its graph (only sum has one)"
+        ),
     ),
     Rule(
         ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name"),

@@ -65,13 +65,15 @@ class RankParts:
             from runner.callables import resolve_callable
             from runner.train.custom import CustomReducer
 
+            from runner.train.custom_rule import CONFIGURED
+
+            fn = resolve_callable(cfg.custom.fn)
+            # ctx.all_reduce uses autograd_all_reduce for a rule that declares graph_all_reduce="configured"; the
+            # launcher refuses the key for any other rule (`runner.sweep.ignored`).
+            configured = getattr(fn, "graph_all_reduce", None) == CONFIGURED
+            all_reduce = cfg.autograd_all_reduce if configured else AutogradAllReduce.funcol
             return CustomReducer(
-                resolve_callable(cfg.custom.fn),
-                cfg.custom.fn,
-                self.meshes,
-                cfg.grad_accum,
-                autograd_all_reduce=cfg.autograd_all_reduce,
-                timeout_s=cfg.dist.timeout_s,
+                fn, cfg.custom.fn, self.meshes, cfg.grad_accum, autograd_all_reduce=all_reduce, timeout_s=cfg.dist.timeout_s
             )
         # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
         all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
@@ -85,7 +87,7 @@ class RankParts:
             from runner.callables import resolve_callable
             from runner.train.custom_rule import graph_all_reduce_of
 
-            return graph_all_reduce_of(resolve_callable(cfg.custom.fn), cfg.autograd_all_reduce)
+            return graph_all_reduce_of(resolve_callable(cfg.custom.fn), lambda: cfg.autograd_all_reduce)
         return cfg.autograd_all_reduce if has_graph_all_reduce(cfg.reduction) else None
 
     def provenance(self) -> dict:
