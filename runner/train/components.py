@@ -64,7 +64,6 @@ class RankParts:
         if mode is Reduction.custom:
             from runner.callables import resolve_callable
             from runner.train.custom import CustomReducer
-
             from runner.train.custom_rule import CONFIGURED
 
             fn = resolve_callable(cfg.custom.fn)
