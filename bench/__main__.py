@@ -4,7 +4,7 @@
 - b2 fixed_cost: a job's fixed cost vs a trivial torchrun job of the same W (goal <= 1.5x)
 - b3 overhead: sum vs local at W=2, grad_accum 1 and 4, interleaved, against the floor
 - b4 analysis_scale: the analysis of 1,000 runs x 1,000 steps (goal < 5 s), and of 100 runs
-- b5 make_run: `make run` end to end, setup done (goal <= 180 s)
+- b5 make_run: a fresh clone's first `make run`, setup included (goal <= 150 s)
 - b6 memory: peak resident memory per rank, tiny and small models
 - b7 clean_ends: 30 consecutive two-rank jobs end with no failure at exit
 - b8 launcher: torch's elastic launcher vs the runner's, paired, as a share of the fixed cost (limit 20%)
