@@ -27,7 +27,9 @@ QUICK = ["train.steps=7", "train.checkpoint_every=2", "train.global_batch=8", "t
 
 
 def records(job: Path) -> list[dict]:
-    return [{key: json.loads(line)[key] for key in COMPUTED} for line in (job / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {key: json.loads(line)[key] for key in COMPUTED} for line in (job / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_only_a_complete_checkpoint_is_found_and_the_newest_are_kept(tmp_path):

@@ -143,7 +143,9 @@ def train(parts: RankParts, logger: MetricLogger | None, job_dir: Path | None = 
     first = 1
     newest = checkpoints.newest_complete(job_dir) if job_dir is not None and train_cfg.checkpoint_every else None
     if newest is not None:
-        resumed = checkpoint.load(parts.model, parts.optimizer, folder=newest[1], group=parts.group, layout=parts.layout)
+        resumed = checkpoint.load(
+            parts.model, parts.optimizer, folder=newest[1], group=parts.group, layout=parts.layout
+        )
         trainer.tokens, first = resumed["tokens"], resumed["step"] + 1
         result.resumed_from_step = result.steps_done = resumed["step"]
         if logger is not None:

@@ -65,8 +65,8 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
 
     from runner.layout import ParallelLayout
     from runner.measure.cost import measure_cost
-    from runner.record import checkpoints
     from runner.model.parallel import build_meshes
+    from runner.record import checkpoints
     from runner.record.metrics import MetricLogger
     from runner.record.summary import update_summary, versions
     from runner.record.wandb_run import start_wandb_run
