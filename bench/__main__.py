@@ -1,4 +1,4 @@
-"""`python -m bench [b1 .. b10] [--quick]`: the benchmarks, into bench/RESULTS.md (all ten when none is named).
+"""`python -m bench [b1 .. b11] [--quick]`: the benchmarks, into bench/RESULTS.md (all when none is named).
 
 - b1 harness: the runner's step vs a bare FSDP2 loop, interleaved (goal <= 1.05x)
 - b2 fixed_cost: a job's fixed cost vs a trivial torchrun job of the same W (goal <= 1.5x)
@@ -10,6 +10,7 @@
 - b8 launcher: torch's elastic launcher vs the runner's, paired, as a share of the fixed cost (limit 20%)
 - b9 cost_reruns: five reruns of the default cost job: the null control 5/5, sum's verdict class the same >= 4/5
 - b10 detached_parts: what detached's extra time is made of (its synchronisation point, its process group)
+- b11 checkpoint_cost: a checkpoint's save and load time and size against a step's, tiny and hf_llama
 
 --quick runs each at a small size (a smoke test: the figures mean nothing) and
 writes to --out (default: a temporary file, so RESULTS.md keeps real figures).
@@ -35,6 +36,7 @@ BENCHES = {
     "b8": "launcher",
     "b9": "cost_reruns",
     "b10": "detached_parts",
+    "b11": "checkpoint_cost",
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "RESULTS.md"
 HEADER = """# Benchmark results
 
-`make bench` (or `python -m bench [b1 .. b10]`) writes this file, one section per
+`make bench` (or `python -m bench [b1 .. b11]`) writes this file, one section per
 benchmark. Every figure is a ratio or a time measured within one invocation;
 absolute times depend on the machine and its load, so each section names both.
 """

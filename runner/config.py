@@ -136,6 +136,10 @@ class TrainConfig:
     global_batch: int = ranged(16, ge=1)  # sequences per optimizer step, over all ranks and micro-batches
     seq_len: int = ranged(128, ge=1)
     log_every: int = ranged(10, ge=1)
+    # Save a sharded checkpoint every this many steps (0: never), so that a rerun of a job killed, preempted or
+    # timed out resumes from its newest complete one (`runner.train.checkpoint`); the newest keep_checkpoints stay.
+    checkpoint_every: int = ranged(0, ge=0)
+    keep_checkpoints: int = ranged(2, ge=1)
 
 
 @dataclass

@@ -85,6 +85,16 @@ RULES = (
         lambda cfg: f"reduction={cfg.reduction.value} is a built-in mode; custom.* is read by reduction=custom only",
     ),
     Rule(
+        ("train.checkpoint_every",),
+        lambda cfg: not cfg.cost.modes,
+        lambda cfg: "a cost job measures the modes' step time and keeps no checkpoints",
+    ),
+    Rule(
+        ("train.keep_checkpoints",),
+        lambda cfg: not cfg.cost.modes and cfg.train.checkpoint_every > 0,
+        lambda cfg: "train.checkpoint_every=0 saves no checkpoint (set it to keep some)",
+    ),
+    Rule(
         ("optim.beta1", "optim.beta2", "optim.eps"),
         lambda cfg: cfg.optim.name.value == "adamw",
         lambda cfg: f"optim={cfg.optim.name.value} has no Adam moments (optim=adamw reads them)",

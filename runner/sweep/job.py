@@ -124,7 +124,11 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     if main_rank:
         if earlier == "different":
             _supersede(place, job, verdict.config_yaml, identity)
-        rerun.clear(place.job_dir)  # an unfinished or stale attempt's files; config.yaml and config.json anew below
+        resumes = rerun.resumable(place.job_dir, cfg.train.checkpoint_every) if earlier == "unfinished" else None
+        if resumes is not None:
+            log.info(f"{place.tag} {job.name}: resumes from its checkpoint of step {resumes} (an unfinished attempt)")
+        # an unfinished or stale attempt's files; config.yaml and config.json anew below
+        rerun.clear(place.job_dir, keep=rerun.RESUMED_FILES if resumes is not None else ())
         write_config(place.job_dir / "config.yaml", verdict.config_yaml)
         ignored = {key: reason for key, reason in verdict.ignored}
         update_summary(place.job_dir, identity=identity, run_name=job.name, **({"ignored": ignored} if ignored else {}))

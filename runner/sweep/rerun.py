@@ -5,7 +5,9 @@ The attempt is judged by its run identity (`runner.sweep.identity`, summary.json
 config, the data's, tokenizer's, model config's and callable's content, the packages' versions):
 
 - the same identity, completed: the job is skipped (the sweep's tally counts it as skipped);
-- the same identity, not completed (failed, diverged, interrupted): its files are cleared and it runs again;
+- the same identity, not completed (failed, diverged, interrupted, killed): it resumes from its newest complete
+  checkpoint (`train.checkpoint_every`; its checkpoints and records are kept, the rest cleared), or, with none,
+  its files are cleared and it runs again from step 1;
 - another identity (a changed `data.path`, the same path with other contents, another torch), or none
   recorded, where the attempt ran: its files move to `superseded/<job>-<time>/` beside the job directory,
   whatever its status, and one log line names what differs. The analysis reads job directories only, so it
@@ -24,6 +26,7 @@ import signal
 import time
 from pathlib import Path
 
+from runner.record import checkpoints
 from runner.record.config_file import parse_config
 from runner.record.summary import read_summary, update_summary
 
@@ -37,7 +40,11 @@ JOB_FILES = (
     "floor.json",
     "logs",
     "wandb",
+    "checkpoints",
 )
+# What a resumed attempt keeps (`resumable`): its checkpoints, the records up to the newest (the ranks cut the
+# rest), and its W&B run's files.
+RESUMED_FILES = ("checkpoints", "metrics.jsonl", "wandb")
 REFUSED = "refused.json"  # this invocation's refusal of a job whose folder holds an earlier run (for the tally)
 SUPERSEDED = "superseded"
 
@@ -97,9 +104,19 @@ def supersede(job_dir: Path) -> Path:
     return target
 
 
-def clear(job_dir: Path) -> None:
-    """An attempt that did not complete, or never ran, makes way for this one: its files are removed."""
+def resumable(job_dir: Path, checkpoint_every: int) -> int | None:
+    """The step an unfinished attempt of this identity resumes from (its newest complete checkpoint), or None:
+    it runs again from step 1 (no checkpoints, or `train.checkpoint_every=0` now)."""
+    newest = checkpoints.newest_complete(job_dir) if checkpoint_every else None
+    return None if newest is None else newest[0]
+
+
+def clear(job_dir: Path, *, keep: tuple[str, ...] = ()) -> None:
+    """An attempt that did not complete, or never ran, makes way for this one: its files are removed, but for
+    `keep` (a resumed attempt's, `RESUMED_FILES`)."""
     for name in (*JOB_FILES, REFUSED):
+        if name in keep:
+            continue
         path = job_dir / name
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

@@ -21,12 +21,14 @@ outright loses them: at most gather_every - 1 steps).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from runner.data.batches import Batch, micro_batch_token_range
+from runner.record import checkpoints
 from runner.record.metrics import MetricLogger, on_schedule, progress_line
-from runner.train import fault
+from runner.train import checkpoint, fault
 from runner.train.components import RankParts
 from runner.train.counter import add_counts
 from runner.train.gradients import GradientSketch
@@ -132,10 +134,23 @@ class Trainer:
                     print(progress_line(record, train.steps), flush=True)
 
 
-def train(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
+def train(parts: RankParts, logger: MetricLogger | None, job_dir: Path | None = None) -> TrainResult:
+    """Steps 1..train.steps, or from the step after `job_dir`'s newest complete checkpoint (a resumed run:
+    `result.resumed_from_step`); with train.checkpoint_every=K, a checkpoint after every K-th step."""
     trainer = Trainer(parts, logger)
     result = TrainResult(status="completed", steps_done=0, final_loss=None)
-    for step in range(1, parts.cfg.train.steps + 1):
+    train_cfg = parts.cfg.train
+    first = 1
+    newest = checkpoints.newest_complete(job_dir) if job_dir is not None and train_cfg.checkpoint_every else None
+    if newest is not None:
+        resumed = checkpoint.load(
+            parts.model, parts.optimizer, folder=newest[1], group=parts.group, layout=parts.layout
+        )
+        trainer.tokens, first = resumed["tokens"], resumed["step"] + 1
+        result.resumed_from_step = result.steps_done = resumed["step"]
+        if logger is not None:
+            print(f"resumed from the checkpoint of step {resumed['step']}", flush=True)
+    for step in range(first, train_cfg.steps + 1):
         record = trainer.step(step)
         result.steps_done, result.final_loss = step, record["loss"]
         if not math.isfinite(record["reported_loss"]):
@@ -150,5 +165,20 @@ def train(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
             if logger is not None:
                 print(f"diverged: {stop}", flush=True)
             break
+        every = train_cfg.checkpoint_every
+        if every and step % every == 0 and step < train_cfg.steps and job_dir is not None:  # the last: the run ends
+            trainer.gather_pending()  # the steps up to this one are in metrics.jsonl before the checkpoint exists
+            checkpoint.save(
+                parts.model,
+                parts.optimizer,
+                step=step,
+                tokens=trainer.tokens,
+                job_dir=job_dir,
+                keep=train_cfg.keep_checkpoints,
+                group=parts.group,
+                layout=parts.layout,
+            )
     trainer.gather_pending()  # a diverged step's world figures (every rank stops at the same step)
+    if train_cfg.checkpoint_every and job_dir is not None:  # a resumed run's end state against an uninterrupted one's
+        result.final_state_sha256 = checkpoint.state_sha256(parts.model, parts.optimizer, parts.group)
     return result

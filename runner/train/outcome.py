@@ -19,6 +19,8 @@ class TrainResult:
     # Steps whose reported loss (what the mode or rule logs) was not finite, e.g. a rule's 0 / 0 over a
     # micro-batch without targets: training goes on (the gradient decides divergence), the record says so.
     reported_not_finite: list[int] = field(default_factory=list)
+    resumed_from_step: int | None = None  # the checkpoint's step this run resumed from (None: it started at 1)
+    final_state_sha256: str | None = None  # with train.checkpoint_every: the model's and optimizer's state at the end
 
 
 def divergence(step: int, loss: float, grad_norm: float) -> str | None:

@@ -66,6 +66,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
     from runner.layout import ParallelLayout
     from runner.measure.cost import measure_cost
     from runner.model.parallel import build_meshes
+    from runner.record import checkpoints
     from runner.record.metrics import MetricLogger
     from runner.record.summary import update_summary, versions
     from runner.record.wandb_run import start_wandb_run
@@ -98,6 +99,10 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
         meshes = build_meshes(layout, device_type)
         init_marks.append(time.time())
         if env.is_main:
+            training = not cfg.cost.modes  # a cost job keeps no checkpoints
+            resumes = checkpoints.newest_complete(job_dir) if training and cfg.train.checkpoint_every else None
+            if resumes is not None:  # the steps after the checkpoint's are computed again
+                checkpoints.truncate_metrics(job_dir / "metrics.jsonl", resumes[0])
             run = start_wandb_run(
                 cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
             )
@@ -121,14 +126,17 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
                 "facts say",
                 flush=True,
             )
-        loop = measure_cost if cfg.cost.modes else train  # the one place that chooses
-        result = loop(parts, logger)
+        # the one place that chooses
+        result = measure_cost(parts, logger) if cfg.cost.modes else train(parts, logger, job_dir)
         result.peak_rss_mib = peak_rss_mib(parts.group)
         marks["train"] = time.time()
         summary.update(
             status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss
         )
         summary["peak_rss_mib"] = result.peak_rss_mib
+        for field in ("resumed_from_step", "final_state_sha256"):
+            if getattr(result, field, None) is not None:
+                summary[field] = getattr(result, field)
         if getattr(result, "reported_not_finite", None):
             steps = result.reported_not_finite
             summary["reported_loss_not_finite"] = {"first_step": steps[0], "steps": len(steps)}

@@ -1,0 +1,118 @@
+"""Sharded checkpoints of a training run, and resuming from one (`train.checkpoint_every`).
+
+What a step depends on, and where a checkpoint keeps it:
+- the model's and the optimizer's state (AdamW's moments and step counts): FSDP2's distributed state dict
+  (`torch.distributed.checkpoint.state_dict.get_state_dict`), saved sharded by
+  `torch.distributed.checkpoint` (DCP), each rank writing its own shards, and loaded in place;
+- every RNG a rank draws from (torch's CPU and CUDA generators: dropout; Python's and NumPy's global ones):
+  `rank<r>.pt`, with the trainer's token counter;
+- the step. Everything else a step uses is a function of (seed, step) and the config: the batch
+  (`runner.data.batches`), the learning rate (`RankParts.set_lr`), the gradient sketch's projections
+  (`runner.train.gradients`), a fault's step. So a run resumed from step k computes steps k+1.. bit for bit
+  as the uninterrupted run did (`tests/test_resume.py`).
+
+The records of the steps up to k are in metrics.jsonl when the checkpoint is published: the trainer gathers
+the pending steps' world figures first (`Trainer.gather_pending`), so rank 0 has written them.
+
+A checkpoint is complete or absent (`runner.record.checkpoints`: written under a partial name, renamed by
+rank 0 after a barrier). The identity of the run (`runner.sweep.identity`: config, data, code, versions) is
+checked by the launcher before it lets a run resume; a changed layout is another run, started anew.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from runner.layout import ParallelLayout
+from runner.record import checkpoints
+
+
+def _rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.pt"
+
+
+def _rng_states() -> dict:
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save(model, optimizer, *, step: int, tokens: int, job_dir: Path, keep: int, group, layout: ParallelLayout) -> None:
+    """Every rank: this step's checkpoint (collective). Rank 0 publishes it once all ranks have written."""
+    rank = dist.get_rank(group)
+    partial = checkpoints.partial_dir(job_dir, step)
+    if rank == 0:
+        checkpoints.remove_partial(job_dir)  # an earlier attempt's, cut off
+        partial.mkdir(parents=True)
+    dist.barrier(group)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), process_group=group)
+    torch.save({"rng": _rng_states(), "tokens": tokens}, _rank_file(partial, rank))
+    dist.barrier(group)  # every rank's shards and rank file are on disk
+    if rank == 0:
+        checkpoints.publish(job_dir, step, {"world_size": layout.world_size, "layout": str(layout)}, keep)
+    dist.barrier(group)  # nobody goes on before the checkpoint is complete (a kill now leaves it complete)
+
+
+def load(model, optimizer, *, folder: Path, group, layout: ParallelLayout) -> dict:
+    """Every rank: the model, optimizer and this rank's RNG states from `folder` (collective); returns
+    {"step", "tokens"}. Refuses a checkpoint of another layout (the launcher never offers one)."""
+    meta = checkpoints.read_meta(folder)
+    if meta.get("layout") != str(layout):
+        raise RuntimeError(
+            f"checkpoint {folder} was saved at layout {meta.get('layout')}, this run is {layout}: a checkpoint "
+            "resumes the run that saved it (another layout is another run)"
+        )
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(folder), process_group=group)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    own = torch.load(_rank_file(folder, dist.get_rank(group)), weights_only=False)
+    _set_rng_states(own["rng"])
+    return {"step": meta["step"], "tokens": own["tokens"]}
+
+
+def state_sha256(model, optimizer, group) -> str:
+    """A digest of the whole training state (every rank's shards of the model and the optimizer, in rank
+    order), so that two runs' final states compare bit for bit without writing them out (collective)."""
+    import hashlib
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    digest = hashlib.sha256()
+    for name, value in sorted(_flat({"model": model_state, "optimizer": optimizer_state}).items()):
+        digest.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            digest.update(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+    shards = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shards, digest.hexdigest(), group=group)
+    return hashlib.sha256("".join(shards).encode()).hexdigest()
+
+
+def _flat(state, prefix: str = "") -> dict:
+    if isinstance(state, dict):
+        flat = {}
+        for key, value in state.items():
+            flat.update(_flat(value, f"{prefix}{key}."))
+        return flat
+    if isinstance(state, (list, tuple)):
+        return _flat(dict(enumerate(state)), prefix)
+    return {prefix.rstrip("."): state}

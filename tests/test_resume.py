@@ -1,0 +1,123 @@
+"""A job killed past a checkpoint, then rerun, resumes from its newest complete checkpoint and ends as the
+uninterrupted job does, bit for bit; a checkpoint cut off mid-write is never loaded.
+
+The kill is SIGKILL to the launcher's whole process group (its ranks too) at a random moment after the first
+checkpoint is complete: nothing of the job gets to record anything, as when a node dies or SLURM's kill lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.record import checkpoints
+from runner.record.summary import read_summary
+
+# What a step computes (its timings are the machine's): the resumed run's must equal the uninterrupted run's.
+COMPUTED = ("step", "tokens", "valid_tokens", "loss", "reported_loss", "grad_norm", "clip_coef", "lr", "grad_sketch")
+QUICK = ["train.steps=7", "train.checkpoint_every=2", "train.global_batch=8", "train.seq_len=32", "wandb.mode=disabled"]
+
+
+def records(job: Path) -> list[dict]:
+    return [
+        {key: json.loads(line)[key] for key in COMPUTED} for line in (job / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def test_only_a_complete_checkpoint_is_found_and_the_newest_are_kept(tmp_path):
+    for step in (2, 4, 6):
+        checkpoints.partial_dir(tmp_path, step).mkdir(parents=True)
+        checkpoints.publish(tmp_path, step, {"layout": "DP(2)-SP(1)-GA(2)"}, keep=2)
+    assert [step for step, _ in checkpoints.complete(tmp_path)] == [4, 6]
+    checkpoints.partial_dir(tmp_path, 8).mkdir()  # cut off before its meta.json
+    (checkpoints.checkpoints_dir(tmp_path) / checkpoints.name_of(10)).mkdir()  # a step folder without meta.json
+    torn = checkpoints.checkpoints_dir(tmp_path) / checkpoints.name_of(12)
+    torn.mkdir()
+    (torn / checkpoints.META).write_text('{"step": 1')  # a meta.json cut off mid-write
+    assert checkpoints.newest_complete(tmp_path)[0] == 6
+    checkpoints.remove_partial(tmp_path)
+    assert not checkpoints.partial_dir(tmp_path, 8).exists()
+
+
+def test_the_records_after_the_checkpoint_are_cut_and_a_torn_line_with_them(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
+    assert checkpoints.truncate_metrics(path, 3) == 3
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2)) + '{"step": 3, "lo')
+    assert checkpoints.truncate_metrics(path, 4) == 2  # the torn line goes, whatever its step
+
+
+def run(args: list[str], cwd: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the kill reaches the ranks too
+        **kwargs,
+    )
+
+
+def finished(process: subprocess.Popen) -> str:
+    out, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, out
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [["world_size=2", "grad_accum=2"], ["world_size=4", "sp=2", "grad_accum=1"]],
+    ids=["W2-GA2", "W4-SP2"],
+)
+def test_a_job_killed_past_a_checkpoint_resumes_and_ends_bit_identical(tmp_path, layout):
+    whole = run([*QUICK, *layout, "hydra.run.dir=whole"], tmp_path)
+    finished(whole)
+    args = [*QUICK, *layout, "hydra.run.dir=killed"]
+    job = tmp_path / "killed"
+    victim = run(args, tmp_path)
+    deadline = time.time() + 600
+    while checkpoints.newest_complete(job) is None and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert checkpoints.newest_complete(job) is not None, "no checkpoint before the job ended"
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 2.0))  # a random step past the first checkpoint
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate()
+    summary = read_summary(job) or {}
+    assert summary.get("status") != "completed", "the job completed before the kill: nothing to resume"
+    newest = checkpoints.newest_complete(job)[0]
+    # What a kill mid-write leaves, and worse: none of it may be loaded.
+    checkpoints.partial_dir(job, newest + 1).mkdir()
+    (checkpoints.partial_dir(job, newest + 1) / "rank0.pt").write_bytes(b"half a file")
+    (checkpoints.checkpoints_dir(job) / checkpoints.name_of(newest + 3)).mkdir()
+
+    out = finished(run(args, tmp_path))
+    assert f"resumes from its checkpoint of step {newest}" in out, out
+    assert read_summary(job)["resumed_from_step"] == newest
+    assert records(job) == records(tmp_path / "whole")  # every step once, each as the uninterrupted run's
+    assert read_summary(job)["final_state_sha256"] == read_summary(tmp_path / "whole")["final_state_sha256"]
+    assert not checkpoints.partial_dir(job, newest + 1).exists()
+
+
+@pytest.mark.slow
+def test_a_rerun_after_a_completed_checkpointed_job_skips_it_and_another_layout_starts_anew(tmp_path):
+    finished(run([*QUICK, "world_size=2", "hydra.run.dir=job"], tmp_path))
+    summary = read_summary(tmp_path / "job")
+    assert "resumed_from_step" not in summary and summary["status"] == "completed"
+    assert "skipped, completed earlier" in finished(run([*QUICK, "world_size=2", "hydra.run.dir=job"], tmp_path))
+    # Killed, then rerun at another world size: another run (its identity differs), never a resume.
+    summary_path = tmp_path / "job" / "summary.json"
+    summary_path.write_text(json.dumps({**summary, "status": "failed"}))
+    out = finished(run([*QUICK, "world_size=1", "hydra.run.dir=job"], tmp_path))
+    assert "resumes from" not in out and "held an earlier run of another identity" in out, out
+    assert "resumed_from_step" not in read_summary(tmp_path / "job")
