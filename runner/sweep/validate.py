@@ -24,6 +24,7 @@ from runner.ranges import range_problems
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
 from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
+from runner.sweep.objective_rules import objective_problems
 from runner.sweep.overrides import schema_keys
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -56,6 +57,7 @@ def config_problems(cfg: DictConfig) -> Problems:
     )
     problems += positions_problems(cfg, shape)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
+    problems += objective_problems(cfg)
     problems += vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)
