@@ -35,7 +35,11 @@ b178a3cd56f58b2d502255daba591e92833930a7, verl/workers/actor/dp_actor.py, `updat
 information, so `agg_loss` divides by the micro-batch's own tokens, and the loss is scaled by
 loss_scale_factor = 1 / gradient_accumulation): a mean of micro-batch means (verl issue #5625).
 `cp_count_token_mean` counts batch_num_tokens as verl issue #5983 reports the Megatron engine with context
-parallelism does: the tokens of the rank's own sequence shard, all-reduced over the dp group alone, N / sp.
+parallelism does: the tokens of the rank's own sequence shard, all-reduced over the dp group alone (N_s for
+sp rank s). Every sp rank computes the loss of the whole sequences over its own N_s, and each keeps the
+gradient of its own slice: the objective is sum_s S_s / N_s, each chunk's tokens over that chunk's count.
+Where chunks hold equal counts (Megatron's load-balanced chunks) that is sp x the token mean, as the issue
+says; here, where the first chunk holds the prompts, it weighs the later chunks' tokens more.
 """
 
 from __future__ import annotations
