@@ -296,3 +296,17 @@ def layout_expectation(expect: str, dp: int, sp: int, grad_accum: int) -> float 
 def unit_problem(weighs: str) -> str | None:
     """Why `custom.weighs` is not one of UNITS (None: it is)."""
     return None if weighs in UNITS else f"{weighs!r} is not one of {', '.join(UNITS)}"
+
+
+def heavier_tokens(unit: str, than: str) -> str | None:
+    """Which tokens an objective that weighs `unit` alike weighs more than one that weighs `than` alike (both
+    UNITS), in words; None where the two weigh tokens alike (the gradients differ by a factor at most)."""
+    words = {
+        ("token", "response"): "long responses' tokens",
+        ("token", "prompt"): "the tokens of long groups",
+        ("response", "token"): "short responses' tokens",
+        ("response", "prompt"): "the tokens of responses short for their group",
+        ("prompt", "token"): "the tokens of short groups",
+        ("prompt", "response"): "the tokens of responses long for their group",
+    }
+    return None if unit == than else words[(unit, than)]
