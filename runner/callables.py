@@ -1,8 +1,8 @@
 """`custom.fn=MODULE:CALLABLE`: find the callable and check that it can be called as fn(logits, labels, ctx),
 and its hooks as the protocol says (`runner.train.custom_rule`).
 
-Torch-free itself, though the user's module may import torch: the launcher
-runs `callable_problem` in a short subprocess (`runner.sweep.custom_check`),
+Torch-free at import, though the user's module may import torch: the launcher
+runs `facts_of_each` in a short subprocess (`runner.sweep.custom_check`),
 and each rank calls `resolve_callable` in-process. The module is imported as
 `import MODULE` would import it: from the working directory or an installed
 package (the trainers' rules, `runner.trainers`, come with this one). A rule
@@ -12,10 +12,15 @@ whose own package is missing is refused with the one command that installs it
 
 from __future__ import annotations
 
+import builtins
+import hashlib
 import importlib
 import inspect
 import json
+import os
 import sys
+from importlib import metadata
+from pathlib import Path
 
 from runner.extras import missing_package_message
 
@@ -106,11 +111,96 @@ def callable_problem(spec: str) -> str | None:
     return None
 
 
+def callable_facts(spec: str, preloaded: frozenset[str] = frozenset()) -> dict:
+    """What is wrong with `spec` (`problem`, or None), and the code its import brought in, for the run's identity:
+    `source` (a sha256 over the files of the modules that are not an installed package's: the callable's own
+    module and the local modules it imports), `modules` (their names) and `packages` (each installed
+    distribution whose modules it imported, with its version), and `graph_all_reduce`, the differentiable
+    all-reduce the rule declares (`runner.train.custom_rule`; None: none). The runner's own modules are the package's
+    (its version is in every run's identity); the standard library is Python's.
+
+    `preloaded`: the modules the checker imported before (torch and what torch imports, `facts_of_each`); they
+    count as the spec's when its import asks for any of their packages, as a fresh interpreter would load them."""
+    before = set(sys.modules)
+    asked = set()  # the top-level packages that the spec's import statements name, loaded already or not
+    real_import = builtins.__import__
+
+    def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0:
+            asked.add(name.partition(".")[0])
+        return real_import(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = recording_import
+    try:
+        problem = callable_problem(spec)
+    finally:
+        builtins.__import__ = real_import
+    if problem:
+        return {"problem": problem}
+    declared = getattr(resolve_callable(spec), "graph_all_reduce", None)  # imported already: no second import
+    brought = set(sys.modules) - before
+    preloaded_packages = {name.partition(".")[0] for name in preloaded} - set(sys.stdlib_module_names)
+    if asked & preloaded_packages:
+        brought |= preloaded
+    distributions = metadata.packages_distributions()
+    local, packages = {}, {}
+    for name in sorted(brought):
+        top = name.partition(".")[0]
+        file = getattr(sys.modules[name], "__file__", None)
+        if top in sys.stdlib_module_names or top in ("runner", "__main__", "__mp_main__") or file is None:
+            continue
+        if top in distributions:
+            for distribution in distributions[top]:
+                packages[distribution] = metadata.version(distribution)
+        elif Path(file).is_file():
+            local[name] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    source = hashlib.sha256(json.dumps(local, sort_keys=True).encode()).hexdigest()
+    return {
+        "problem": None,
+        "source": source,
+        "modules": sorted(local),
+        "packages": dict(sorted(packages.items())),
+        "graph_all_reduce": getattr(declared, "value", declared),  # "configured": it reads autograd_all_reduce
+    }
+
+
+def facts_of_each(specs: list[str]) -> dict[str, dict]:
+    """`callable_facts` of each spec, each as a fresh interpreter with torch loaded finds them.
+
+    torch, which every rule imports and whose version is in every run's identity anyway, is imported once;
+    each spec is then imported in a child forked from that state, so that no spec's imports hide in another's
+    (the facts list the modules and packages an import brought in) and a slow import is paid once, not per spec.
+    One spec takes the same path, so its facts do not depend on which others were checked beside it.
+    """
+    base = set(sys.modules)
+    import torch  # noqa: F401
+
+    preloaded = frozenset(set(sys.modules) - base)
+    found = {}
+    for spec in specs:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: import the spec, report, leave without running anyone's exit handlers
+            os.close(read)
+            try:
+                payload = json.dumps(callable_facts(spec, preloaded))
+            except BaseException as error:  # noqa: BLE001 -- a module that raises anything on import
+                payload = json.dumps(
+                    {"problem": f"custom.fn={spec}: importing it raised {type(error).__name__}: {error}"}
+                )
+            with os.fdopen(write, "w") as out:
+                out.write(payload)
+            sys.stdout.flush()
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            text = pipe.read()
+        os.waitpid(pid, 0)
+        found[spec] = json.loads(text) if text else {"problem": f"custom.fn={spec}: its check ended without a word"}
+    return found
+
+
 if __name__ == "__main__":
-    # `python -m runner.callables MODULE:CALLABLE`: the launcher's check, one line of output (empty when fine);
-    # `--json SPEC...`: each spec's problem (or null), one JSON object on the last line.
-    if sys.argv[1] == "--json":
-        problems = {spec: callable_problem(spec) for spec in sys.argv[2:]}
-        print(json.dumps(problems))
-    else:
-        print(callable_problem(sys.argv[1]) or "")
+    # `python -m runner.callables MODULE:CALLABLE...`: the launcher's check, each spec's facts as one JSON object
+    # on the last line of output.
+    print(json.dumps(facts_of_each(sys.argv[1:])))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -20,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.modes import AutogradAllReduce, Reduction
 from runner.ranges import ranged
-from runner.record.config_file import write_config_copy
 
 
 class OptimizerName(str, Enum):
@@ -295,19 +295,22 @@ def tasks_per_node_for(world_size: int, gpus_per_node: int) -> int:
     return min(int(world_size), int(gpus_per_node))
 
 
-# Characters a job folder's name never holds (path separators; colons and whitespace, which shells, Windows
-# and some tools take apart): each becomes an underscore. The job's number before the name keeps folders apart.
-_UNSAFE_IN_DIRNAME = str.maketrans({c: "_" for c in "/\\: \t\n\r"})
+# The characters a job folder's name keeps: safe on every file system (Windows forbids <>:"/\\|?* and names that
+# end in a dot or a space; macOS rewrites some Unicode) and in a shell. Every other character becomes "_".
+SAFE_NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._,=+-]")
 
 
 def job_dirname(overrides: str, limit: int = 150) -> str:
-    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): path separators, colons
-    and whitespace become underscores (`custom.fn=my_rules:loss` -> `custom.fn=my_rules_loss`), and a name
-    longer than `limit` keeps its start and gets a hash of the whole, so it stays unique."""
-    name = overrides.translate(_UNSAFE_IN_DIRNAME)
+    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): every character outside
+    SAFE_NAME_CHARACTERS (a path's slashes, custom.fn's colon, spaces, quotes, brackets, non-ASCII) becomes an
+    underscore, as does a trailing dot; a name longer than `limit` keeps its start and gets a hash of the whole
+    overrides, so it stays unique (the sweep's job number before it keeps every folder of a sweep apart)."""
+    name = SAFE_NAME_CHARACTERS.sub("_", overrides)
+    if name.endswith("."):
+        name = name[:-1] + "_"
     if len(name) <= limit:
         return name
-    return f"{name[:limit]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"{name[:limit]}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
 
 
 def run_schema() -> DictConfig:
@@ -340,8 +343,8 @@ def register_configs() -> None:
 
 def run_config_from(cfg: DictConfig) -> DictConfig:
     """The job's own config (Hydra's node removed), resolved and typed."""
-    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    plain.pop("hydra", None)
+    job_keys = [key for key in cfg if key != "hydra"]  # Hydra's node may hold what resolves in a job only
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, job_keys), resolve=True, throw_on_missing=True)
     data = plain.get("data") or {}
     if data.get("path") is not None and data.get("name") == "embedded":
         data["name"] = "text"  # `data.path=...` alone reads the user's text, and config.yaml says so
@@ -359,12 +362,6 @@ def config_with(overrides: dict[str, object]) -> DictConfig:
 def run_config_yaml(cfg: DictConfig) -> str:
     """The text of a job's config.yaml."""
     return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def save_run_config(cfg: DictConfig, path: Path) -> None:
-    """config.yaml, and the JSON copy of it that the analysis reads (`runner.record.config_file`)."""
-    path.write_text(run_config_yaml(cfg))
-    write_config_copy(path)
 
 
 def load_run_config(path: Path) -> DictConfig:

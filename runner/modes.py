@@ -201,14 +201,19 @@ def mode_label(
 
 
 def run_mode_label(cfg) -> str:
-    """`mode_label` of a run config (typed or a DictConfig): its reduction, all-reduce and custom.* settings."""
+    """`mode_label` of a run config (typed or a DictConfig), reading only the keys its mode reads (so that a key
+    it ignores stays unread: `runner.sweep.ignored`): a built-in mode's all-reduce where it has one in its graph,
+    a custom rule's custom.* settings and all-reduce."""
 
     def value(v):
         return v.value if isinstance(v, Enum) else v
 
+    mode = Reduction(value(cfg.reduction))
+    if mode is not Reduction.custom:
+        return mode_label(mode, value(cfg.autograd_all_reduce) if has_graph_all_reduce(mode) else "funcol")
     custom = cfg.custom
     return mode_label(
-        value(cfg.reduction),
+        mode,
         value(cfg.autograd_all_reduce),
         custom.fn,
         custom_name=custom.name,

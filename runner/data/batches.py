@@ -36,7 +36,13 @@ import numpy as np
 import torch
 
 from runner.config import DataConfig, ValidTokens
-from runner.data.corpus import PACKING_SEPARATOR, document_bytes, document_token_ids, separator_token_ids
+from runner.data.corpus import (
+    PACKING_SEPARATOR,
+    document_bytes,
+    document_token_ids,
+    separator_token_ids,
+    text_field_of,
+)
 
 IGNORE_INDEX = -100
 PAD_TOKEN = 0  # NUL never occurs in text; under a tokenizer any id would do: padded inputs come after a
@@ -49,9 +55,10 @@ def load_documents(cfg: DataConfig) -> list[torch.Tensor]:
     an int32 tensor of its ids; documents under 2 tokens are dropped."""
     if cfg.tokenizer is not None:
         return [
-            torch.tensor(ids, dtype=torch.int32) for ids in document_token_ids(cfg.path, cfg.text_field, cfg.tokenizer)
+            torch.tensor(ids, dtype=torch.int32)
+            for ids in document_token_ids(cfg.path, text_field_of(cfg), cfg.tokenizer)
         ]
-    return [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in document_bytes(cfg.path, cfg.text_field)]
+    return [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in document_bytes(cfg.path, text_field_of(cfg))]
 
 
 def packing_separator(cfg: DataConfig) -> torch.Tensor:

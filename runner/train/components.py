@@ -65,20 +65,26 @@ class RankParts:
         if mode is Reduction.custom:
             from runner.callables import resolve_callable
             from runner.train.custom import CustomReducer
+            from runner.train.custom_rule import CONFIGURED
 
+            fn = resolve_callable(cfg.custom.fn)
+            # ctx.all_reduce uses autograd_all_reduce for a rule that declares graph_all_reduce="configured"; the
+            # launcher refuses the key for any other rule (`runner.sweep.ignored`).
+            configured = getattr(fn, "graph_all_reduce", None) == CONFIGURED
+            all_reduce = cfg.autograd_all_reduce if configured else AutogradAllReduce.funcol
             return CustomReducer(
-                resolve_callable(cfg.custom.fn),
+                fn,
                 cfg.custom.fn,
                 self.meshes,
                 cfg.grad_accum,
-                autograd_all_reduce=cfg.autograd_all_reduce,
+                autograd_all_reduce=all_reduce,
                 timeout_s=cfg.dist.timeout_s,
                 objective=cfg.objective if cfg.objective.name is Objective.pg else None,
                 sequences=cfg.train.global_batch,
             )
-        return LossReducer(
-            mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=cfg.autograd_all_reduce
-        )
+        # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
+        all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
+        return LossReducer(mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=all_reduce)
 
     def graph_all_reduce(self) -> AutogradAllReduce | None:
         """The differentiable all-reduce in this run's graph: `sum`'s `autograd_all_reduce`, or the one a custom
@@ -88,7 +94,7 @@ class RankParts:
             from runner.callables import resolve_callable
             from runner.train.custom_rule import graph_all_reduce_of
 
-            return graph_all_reduce_of(resolve_callable(cfg.custom.fn), cfg.autograd_all_reduce)
+            return graph_all_reduce_of(resolve_callable(cfg.custom.fn), lambda: cfg.autograd_all_reduce)
         return cfg.autograd_all_reduce if has_graph_all_reduce(cfg.reduction) else None
 
     def provenance(self) -> dict:
@@ -138,7 +144,8 @@ def global_batches(cfg: RunConfig) -> GlobalBatches | ResponseBatches:
 def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
     """The data, the seed-initialised model sharded for `cfg.reduction`, and its optimizer."""
     batches = global_batches(cfg)
-    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value)
+    custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
+    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)

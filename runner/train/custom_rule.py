@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -170,12 +170,13 @@ def upstream_records(fn) -> list[dict]:
     return [entry.record() for entry in getattr(fn, "upstream", ()) or ()]
 
 
-def graph_all_reduce_of(fn, configured: AutogradAllReduce) -> AutogradAllReduce | None:
-    """The differentiable all-reduce a rule declares in its graph (None: none declared)."""
+def graph_all_reduce_of(fn, configured: Callable[[], AutogradAllReduce]) -> AutogradAllReduce | None:
+    """The differentiable all-reduce a rule declares in its graph (None: none declared); `configured` gives
+    `autograd_all_reduce`, read only for a rule that declares "configured"."""
     declared = getattr(fn, "graph_all_reduce", None)
     if declared is None:
         return None
-    return configured if declared == CONFIGURED else AutogradAllReduce(declared)
+    return configured() if declared == CONFIGURED else AutogradAllReduce(declared)
 
 
 class CustomRuleError(RuntimeError):

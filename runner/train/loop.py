@@ -25,10 +25,10 @@ import math
 import torch
 
 from runner.data.batches import Batch, micro_batch_token_range
-from runner.measure.comm import add_counts
 from runner.record.metrics import MetricLogger, on_schedule, progress_line
 from runner.train import fault
 from runner.train.components import RankParts
+from runner.train.counter import add_counts
 from runner.train.gradients import GradientSketch
 from runner.train.meter import StepMeter, world_gather
 from runner.train.optim import optimizer_step

@@ -101,7 +101,8 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             run = start_wandb_run(
                 cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
             )
-            logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
+            charted_every = cfg.wandb.log_every if run is not None else 1  # read only when there is a W&B run
+            logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=charted_every)
         marks["init"] = time.time()
         phases = zip([process_started, *init_marks], [*init_marks, marks["init"]])
         imports, process_group, wandb_init = (b - a for a, b in phases)
