@@ -35,7 +35,7 @@ from runner.sweep.model_rules import other_architecture_fields
 Problems = list[tuple[str, str]]
 # Keys that a sweep sets for some of its modes on purpose: `-m reduction=sum,local autograd_all_reduce=identity`,
 # `-m reduction=local,custom custom.fn=...` (README, "Which differentiable all-reduce" and "Custom reductions").
-SWEPT_ON_PURPOSE = ("autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name")
+SWEPT_ON_PURPOSE = ("autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name", "custom.expect_layouts", "custom.weighs")
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,19 @@ RULES = (
         ),
     ),
     Rule(
-        ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name"),
+        ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name", "custom.expect_layouts", "custom.weighs"),
         lambda cfg: cfg.reduction.value == "custom",
         lambda cfg: f"reduction={cfg.reduction.value} is a built-in mode; custom.* is read by reduction=custom only",
+    ),
+    Rule(
+        ("objective.group_size", "objective.prompt_len", "objective.min_response", "objective.max_response"),
+        lambda cfg: cfg.objective.name.value == "pg",
+        lambda cfg: f"objective={cfg.objective.name.value} trains on the documents' targets; objective=pg reads these",
+    ),
+    Rule(
+        ("data.packing", "data.valid_tokens"),
+        lambda cfg: cfg.objective.name.value == "ce",
+        lambda cfg: "objective=pg builds each row as a prompt and a response whose tokens are all its targets",
     ),
     Rule(
         ("optim.beta1", "optim.beta2", "optim.eps"),

@@ -10,22 +10,13 @@ from runner.sweep.model_rules import Problems
 
 
 def objective_problems(cfg: DictConfig) -> Problems:
-    """objective=pg builds its own rows: no packing, every target counted, groups that fill the batch, and a
-    prompt and its longest response within train.seq_len. A custom rule's `expect_layouts` and `weighs` readable."""
+    """objective=pg builds its own rows: groups that fill the batch, and a prompt and its longest response within
+    train.seq_len (data.packing and data.valid_tokens, which it does not read, are refused as unread:
+    `runner.sweep.ignored`). A custom rule's `expect_layouts` and `weighs` readable."""
     found = _custom_problems(cfg) if cfg.reduction.value == "custom" else []
     objective = cfg.objective
     if objective.name.value != "pg":
         return found
-    if cfg.data.packing:
-        found.append(("data.packing", "objective=pg builds each row as a prompt and a response: data.packing=false"))
-    if cfg.data.valid_tokens.value != "full":
-        found.append(
-            (
-                "data.valid_tokens",
-                f"objective=pg's targets are its responses' tokens; data.valid_tokens={cfg.data.valid_tokens.value} "
-                "would cut them: data.valid_tokens=full",
-            )
-        )
     batch, group = cfg.train.global_batch, objective.group_size
     if batch % group:
         found.append(
