@@ -66,14 +66,25 @@ def bases(data: Path) -> list[tuple[str, object]]:
         base("sum-sgd", optim__name="sgd", optim__lr=0.2, optim__momentum=0.9, optim__clip=0.0),
         base("custom-hf-sgd", "hf_llama", reduction="custom", optim__name="sgd", **CUSTOM),
         # a rule that declares graph_all_reduce="configured": its ctx.all_reduce reads autograd_all_reduce
-        base("custom-configured", reduction="custom", custom__fn="runner.trainers.counterexample:sum_backward_under_fsdp_sum"),
+        base(
+            "custom-configured",
+            reduction="custom",
+            custom__fn="runner.trainers.counterexample:sum_backward_under_fsdp_sum",
+        ),
         base("sum-wandb", wandb__mode="offline"),
         base("sum-no-sketch", metrics__sketch_dim=0),
         base("sum-no-counts", metrics__count_comm=False),
         base("sum-fault", fault__kind="nan", fault__step=4),
         base("sum-jsonl", data__path=str(data / "records.jsonl"), data__name="text"),
         base("pg-local", reduction="local", objective__name="pg", train__seq_len=64, objective__max_response=32),
-        base("pg-custom", reduction="custom", objective__name="pg", train__seq_len=64, objective__max_response=32, **CUSTOM),
+        base(
+            "pg-custom",
+            reduction="custom",
+            objective__name="pg",
+            train__seq_len=64,
+            objective__max_response=32,
+            **CUSTOM,
+        ),
         base("cost-sum", **COST),
         base("cost-local", reduction="local", **COST),
     ]

@@ -35,7 +35,16 @@ from runner.sweep.model_rules import other_architecture_fields
 Problems = list[tuple[str, str]]
 # Keys that a sweep sets for some of its modes on purpose: `-m reduction=sum,local autograd_all_reduce=identity`,
 # `-m reduction=local,custom custom.fn=...` (README, "Which differentiable all-reduce" and "Custom reductions").
-SWEPT_ON_PURPOSE = ("autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name", "custom.expect_layouts", "custom.weighs")
+SWEPT_ON_PURPOSE = (
+    "autograd_all_reduce",
+    "custom.fn",
+    "custom.fsdp_reduce",
+    "custom.expect",
+    "custom.rule",
+    "custom.name",
+    "custom.expect_layouts",
+    "custom.weighs",
+)
 
 
 @dataclass(frozen=True)
@@ -61,17 +70,27 @@ def _rule_reads_autograd_all_reduce(cfg: DictConfig) -> bool:
 RULES = (
     Rule(
         ("autograd_all_reduce",),
-        lambda cfg: any(has_graph_all_reduce(mode) for mode in _modes(cfg) if mode != "custom")
-        or _rule_reads_autograd_all_reduce(cfg),
         lambda cfg: (
-            f"custom.fn={cfg.custom.fn} declares no graph_all_reduce=\"configured\" (only such a rule's ctx.all_reduce "
+            any(has_graph_all_reduce(mode) for mode in _modes(cfg) if mode != "custom")
+            or _rule_reads_autograd_all_reduce(cfg)
+        ),
+        lambda cfg: (
+            f'custom.fn={cfg.custom.fn} declares no graph_all_reduce="configured" (only such a rule\'s ctx.all_reduce '
             "reads it)"
             if cfg.reduction.value == "custom"
             else f"reduction={cfg.reduction.value} has no differentiable all-reduce in its graph (only sum has one)"
         ),
     ),
     Rule(
-        ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name", "custom.expect_layouts", "custom.weighs"),
+        (
+            "custom.fn",
+            "custom.fsdp_reduce",
+            "custom.expect",
+            "custom.rule",
+            "custom.name",
+            "custom.expect_layouts",
+            "custom.weighs",
+        ),
         lambda cfg: cfg.reduction.value == "custom",
         lambda cfg: f"reduction={cfg.reduction.value} is a built-in mode; custom.* is read by reduction=custom only",
     ),
