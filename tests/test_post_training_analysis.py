@@ -110,8 +110,8 @@ def test_the_section_opens_with_its_answer_then_the_table(known):
     lines = result.report.read_text().split("## Post-training aggregation\n\n", 1)[1].splitlines()
     assert lines[0] == (
         f"{QUESTION} No, 6 of 9 are (`sum`, `GRPO (paper)`, `DAPO (paper)`, `Dr. GRPO (paper)`, `token mean`, "
-        "`response mean`); `bnpo-like` changes by another direction with dp and grad_accum, `cp-count-like` changes "
-        "by another direction with sp and `sum over dp` changes by a factor with dp."
+        "`response mean`); `bnpo-like` changes direction with dp and grad_accum, `cp-count-like` changes "
+        "direction with sp and `sum over dp` changes by a factor with dp."
     )
     assert lines[2].startswith("| mode ") and "| vs GRPO (paper) " in lines[2]
     assert any(line.startswith("| bnpo-like ") and "| no " in line for line in lines[4:14])

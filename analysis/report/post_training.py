@@ -29,10 +29,10 @@ def post_training_answer(rl: pd.DataFrame) -> str:
     changing = compared[~compared["invariant"].astype(bool)]
     if changing.empty:
         return f"{QUESTION} Yes, all {len(invariant)} are."
-    kind = ["another direction" if "direction" in text else "a factor" for text in changing["changes"]]
+    kind = ["direction" if "direction" in text else "by a factor" for text in changing["changes"]]
     groups = changing.assign(kind=kind).groupby(["changes_with", "kind"], sort=False)
     changes = [
-        f"{names(rows['mode'])} {'changes' if len(rows) == 1 else 'change'} by {what} with {_axes(axes)}"
+        f"{names(rows['mode'])} {'changes' if len(rows) == 1 else 'change'} {what} with {_axes(axes)}"
         for (axes, what), rows in groups
     ]
     head = f"No, {len(invariant)} of {len(compared)} {'is' if len(invariant) == 1 else 'are'}" + (
