@@ -174,8 +174,9 @@ def _analyze(
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)
-    extras = [post_training_answer(rl) if len(rl) else "", rfc_answer(table, comm, tol)]
-    for extra in (*extras, "\n".join(trainer_sentences(trainers))):
+    if len(rl):  # a post-training sweep asks this first
+        answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
+    for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
         answer += f"\n{extra}\n" if extra else ""
     body = (
         post_training_section(rl)

@@ -153,6 +153,7 @@ def test_the_answers_say_what_the_runs_were_built_to_show(reports):
     assert post_training["## Post-training aggregation"] == QUESTIONS["## Post-training aggregation"] + (
         "No, 2 of 3 are (`sum`, `GRPO`); `bnpo` changes direction with dp."
     )
+    assert post_training["## Answer"] == post_training["## Post-training aggregation"]  # a post-training sweep's first
     assert "## Post-training aggregation" not in reports["modes"].report.read_text()  # no objective=pg run there
 
     trainers = first_lines(reports["trainers"].report.read_text())
