@@ -18,7 +18,7 @@ ARGS ?=
 # torch's modules again at import: ~3 s a rank. Unset here, the first import writes them once.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-trainers run test test-fast analyze bench sync clean
+.PHONY: setup setup-trainers setup-verl run test test-fast analyze bench sync clean
 
 setup:
 	@if [ -x "$(PY)" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
@@ -51,6 +51,22 @@ setup-trainers: setup
 		$(UV) -e ".[dev,trainers]" "torch==$$torch_version"; \
 		$(VENV)/bin/uv pip check --python $(PY); \
 		echo "$(SETUP_KEY)" > $(TRAINERS_STAMP); \
+	fi
+
+# verl's own agg_loss for the trainer=verl_* rules (runner/trainers/verl.py; without it they run a paraphrase
+# pinned to verl's commit, and each run records which ran). In neither setup nor test: verl's requirements
+# (ray[default], transformers < 5.11) conflict with this project's transformers, so verl goes in without its
+# dependencies, with the few its import needs (ray alone is about 200 MB; the import takes about 5 s).
+VERL_STAMP := $(VENV)/.installed-verl
+setup-verl: setup
+	@if [ -f "$(VERL_STAMP)" ] && [ "$$(cat $(VERL_STAMP))" = "$(SETUP_KEY)" ]; then \
+		echo "setup-verl: verl is up to date"; \
+	else \
+		set -e; \
+		$(UV) --no-deps verl==0.9.1 ray==2.60.0 tensordict==0.10.0 pyvers codetiming orjson msgpack jsonschema \
+			attrs referencing rpds-py jsonschema-specifications; \
+		$(PY) -c "from verl.trainer.ppo.core_algos import agg_loss"; \
+		echo "$(SETUP_KEY)" > $(VERL_STAMP); \
 	fi
 
 # The sweep, the interleaved cost measurement into the same sweep directory,

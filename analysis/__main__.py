@@ -5,7 +5,9 @@ directory may be a sweep (multirun/<date_time>), a single run
 (outputs/<date_time>), one job of a sweep, or an interleaved cost job alone
 (its cost table and report section only). Several are analysed as one
 (e.g. a world_size=1 reference sweep beside an ablation sweep). `--check`
-exits 1 unless every run's verdict is the one its mode should get.
+exits 1 unless every run's verdict is the one its mode should get, and every
+post-training run (objective=pg) gives what its mode states against itself at
+W=1 (custom.expect_layouts) and against the papers' objectives (custom.weighs).
 """
 
 from __future__ import annotations
@@ -101,13 +103,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check: {len(unjudged) - len(not_run)} custom run(s) without custom.expect; not judged")
     for sentence in [s for s in table["all_reduce"].unique() if s]:  # which all-reduce the sum runs used
         print(f"check: {sentence}")
+    post_training_failed = _check_post_training(result)
     if offending.empty:
         print(f"check: all {table['as_expected'].notna().sum()} verdicts are as expected")
-        return 0
+        return 1 if post_training_failed else 0
     print(f"check FAILED: {len(offending)} verdict(s) differ from what their mode should give:")
     with pd.option_context("display.width", 250, "display.max_colwidth", 90):
         print(offending[["run", "reduction", "verdict_text", "expected", "reason"]].to_string(index=False))
     return 1
+
+
+def _check_post_training(result) -> bool:
+    """Print the post-training runs' check (against the mode at W=1, against the papers); True if one fails."""
+    runs, papers = result.post_training_runs, result.post_training_papers
+    if runs.empty:
+        return False
+    off_runs = runs[runs["as_expected"].eq(False)]
+    off_papers = papers[papers["as_declared"].eq(False)] if len(papers) else papers
+    judged = runs["as_expected"].notna().sum() + (papers["as_declared"].notna().sum() if len(papers) else 0)
+    if off_runs.empty and off_papers.empty:
+        print(
+            f"check: all {judged} post-training comparisons are as stated "
+            "(custom.expect_layouts against W=1, custom.weighs against the papers)"
+        )
+        return False
+    with pd.option_context("display.width", 250, "display.max_colwidth", 90):
+        if len(off_runs):
+            print(
+                f"check FAILED: {len(off_runs)} post-training run(s) differ from their mode at W=1 otherwise than stated:"
+            )
+            print(off_runs[["run", "name", "layout", "change", "expected", "reason"]].to_string(index=False))
+        if len(off_papers):
+            print(
+                f"check FAILED: {len(off_papers)} mode(s) against a paper's objective otherwise than custom.weighs states:"
+            )
+            print(off_papers[["name", "paper_name", "weighs", "paper_weighs", "difference"]].to_string(index=False))
+    return True
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Writes into `out`: runs.parquet (every step with its run's config and status),
 verdicts.csv (one row per run: its baseline, the measures, the verdict and the
 expected one), invariance.csv, comm.csv, cost.csv and floor.csv (when the
-sweep holds an interleaved cost job), report.md and the PNG plots.
+sweep holds an interleaved cost job), trainers.csv (custom rules), rl.csv,
+rl_runs.csv and rl_papers.csv (objective=pg runs), report.md and the PNG plots.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ from analysis.load.sweeps import load_sweeps
 from analysis.plots.background import Background
 from analysis.plots.cost import comm_overhead, counted_modes, interleaved_cost
 from analysis.plots.curves import curve_figure_jobs, curve_figure_paths
+from analysis.plots.post_training import post_training_plot
+from analysis.post_training.layouts import layout_table as post_training_runs
+from analysis.post_training.papers import paper_table
+from analysis.post_training.table import rl_table
 from analysis.report.answer import opening
 from analysis.report.cost import cost_answer, interleaved_clause
 from analysis.report.document import training_sections, write_report
+from analysis.report.post_training import post_training_answer, post_training_section
 from analysis.report.rfc import rfc_answer
 from analysis.report.trainers import trainer_sentences, trainers_section
 from analysis.trainers.table import trainers_csv, trainers_table
@@ -71,6 +77,10 @@ class Analysis:
     wandb_dir: Path | None
     written: list[str]  # the files written into `out`
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    # objective=pg: one row per mode (rl.csv), per run against its mode at W=1 (rl_runs.csv), per mode and paper
+    post_training: pd.DataFrame = field(default_factory=pd.DataFrame)
+    post_training_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    post_training_papers: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 class _Clock:
@@ -142,7 +152,17 @@ def _analyze(
         floor.to_csv(out / "floor.csv", index=False)
     clock("invariance and communication")
 
+    rl_runs = post_training_runs(runs, loaded.steps, tol)
+    rl_papers = paper_table(rl_runs, runs, loaded.steps, tol)
+    rl = rl_table(rl_runs, rl_papers)
+    rl_written = {"rl.csv": rl, "rl_runs.csv": rl_runs, "rl_papers.csv": rl_papers} if len(rl) else {}
+    for name, frame in rl_written.items():
+        frame.to_csv(out / name, index=False)
+    clock("post-training")
+
     other_pngs = []
+    if plotting and len(rl):
+        other_pngs.append(post_training_plot(rl_runs, rl, out))
     if plotting and len(counted_modes(comm)) >= 2:
         other_pngs.append(comm_overhead(comm, out))
     if plotting and len(cost):
@@ -154,9 +174,15 @@ def _analyze(
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)
+    if len(rl):  # a post-training sweep asks this first
+        answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
     for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
         answer += f"\n{extra}\n" if extra else ""
-    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, layout_summary, tol)
+    body = (
+        post_training_section(rl)
+        + trainers_section(trainers)
+        + training_sections(runs, table, comm, layout_table, layout_summary, tol)
+    )
     report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
     clock("report")
     for drawn in curve_pngs:
@@ -170,13 +196,30 @@ def _analyze(
         tables.update(cost=cost, floor=floor)
     if len(trainers):
         tables["trainers"] = trainers_csv(trainers)
+    tables.update({name.removesuffix(".csv"): frame for name, frame in rl_written.items()})
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
     written = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
     written += ["cost.csv", "floor.csv"] if len(cost_jobs) else []
     written += ["trainers.csv"] if len(trainers) else []
+    written += list(rl_written)
     written += [p.name for p in pngs]
-    return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, written, clock.timings)
+    return Analysis(
+        out,
+        runs,
+        table,
+        layout_table,
+        comm,
+        cost,
+        answer,
+        report,
+        wandb_dir,
+        written,
+        clock.timings,
+        rl,
+        rl_runs,
+        rl_papers,
+    )
 
 
 def _analyze_cost_only(

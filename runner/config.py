@@ -64,6 +64,13 @@ class ValidTokens(str, Enum):
     one_empty = "one_empty"  # skewed, and the step's last quarter of rows keeps none: an empty micro-batch
 
 
+class Objective(str, Enum):
+    """What each target's loss is (`objective=`; conf/objective/)."""
+
+    ce = "ce"  # next-token cross-entropy on every valid target (pretraining, SFT)
+    pg = "pg"  # a prompt without targets, then a response whose tokens carry -A_i log p (runner.data.responses)
+
+
 class Device(str, Enum):
     auto = "auto"  # CUDA with NCCL where present, else CPU with gloo
     cpu = "cpu"
@@ -114,6 +121,21 @@ class DataConfig:
     # Which targets count (`ValidTokens`): full (default), skewed, one_empty. A function of the step's global
     # batch alone, so every layout of a step still trains on the same targets (runner.data.batches).
     valid_tokens: ValidTokens = ValidTokens.full
+
+
+@dataclass
+class ObjectiveConfig:
+    # ce: cross-entropy on the documents' targets. pg: each sequence is a prompt (no targets) then a response of
+    # a length drawn from (seed, step), each response with an advantage A_i (positive or negative): the token loss
+    # is -A_i log p(token), the policy-gradient surrogate at ratio 1 (runner.data.responses). The fields below
+    # are pg's; ce ignores them.
+    name: Objective = Objective.ce
+    group_size: int = ranged(4, ge=1, why="G responses per prompt (one group's rows are consecutive)")
+    prompt_len: int = ranged(16, ge=1, why="tokens of each prompt (no targets)")
+    # Each response's length is drawn uniformly from [min_response, max_response] (TRL's max_completion_length,
+    # the constant Dr. GRPO and verl's loss_scale_factor divide by); prompt_len + max_response <= train.seq_len.
+    min_response: int = ranged(1, ge=1)
+    max_response: int = ranged(96, ge=1)
 
 
 @dataclass
@@ -234,6 +256,11 @@ class CustomConfig:
     # The name people know the rule by ("torchtitan", "Megatron-LM (per-token)"): the run's mode label
     # (`runner.modes.mode_label`); null: custom:MODULE:CALLABLE.
     name: Optional[str] = None
+    # objective=pg (post-training aggregation, docs/post-training.md): what `--check` holds the rule's gradient to
+    # against the same rule at W=1 grad_accum=1 (`runner.modes.LAYOUT_EXPECTATIONS`: invariant, x sp, changes with
+    # grad_accum, ...), and what its objective weighs alike at W=1 (`runner.modes.UNITS`: token, response, prompt).
+    expect_layouts: Optional[str] = None
+    weighs: Optional[str] = None
 
 
 @dataclass
@@ -251,6 +278,7 @@ class RunConfig:
     timeout_s: float = ranged(1800.0, gt=0, le=10**7)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)

@@ -264,3 +264,54 @@ def colours_for(labels) -> dict[str, str]:
     others = sorted({str(label) for label in labels} - set(COLOURS), key=label_order)
     extra = {label: EXTRA_COLOURS[i] if i < len(EXTRA_COLOURS) else "grey" for i, label in enumerate(others)}
     return {**{label: COLOURS[label] for label in map(str, labels) if label in COLOURS}, **extra}
+
+
+# Post-training aggregation (objective=pg): what a rule's objective weighs alike at W=1 grad_accum=1
+# (`custom.weighs`), so which responses' tokens it weighs more than another objective does.
+UNITS: dict[str, str] = {
+    "token": "every response token alike: a long response weighs more in total",
+    "response": "every response alike: a token weighs 1/|o_i|, short responses' tokens more",
+    "prompt": "every prompt's group alike: a token weighs 1/(its group's tokens), short groups' tokens more",
+}
+LAYOUT_AXES = ("dp", "sp", "grad_accum")
+LAYOUT_EXPECTATIONS = "invariant, x AXIS (a factor: dp, sp or grad_accum), or changes with AXIS[, AXIS] (direction)"
+
+
+def layout_expectation(expect: str, dp: int, sp: int, grad_accum: int) -> float | str:
+    """`custom.expect_layouts` at a layout, against the same rule at W=1 grad_accum=1: the factor k of that
+    gradient it states (1.0: invariant), or "different" (another direction).
+
+    `invariant`; `x sp` (the gradient times the layout's sp; likewise dp, grad_accum); `changes with dp,
+    grad_accum` (another direction wherever one of those is above 1, the same gradient elsewhere).
+    Raises ValueError (naming the valid forms) for anything else.
+    """
+    text = " ".join(str(expect).replace("×", "x").split()).lower()
+    sizes = {"dp": dp, "sp": sp, "grad_accum": grad_accum}
+    if text == "invariant":
+        return 1.0
+    if text.startswith("x ") and text[2:] in sizes:
+        return float(sizes[text[2:]])
+    if text.startswith("changes with "):
+        axes = [axis.strip() for axis in text[len("changes with ") :].split(",")]
+        if axes and all(axis in sizes for axis in axes):
+            return "different" if any(sizes[axis] > 1 for axis in axes) else 1.0
+    raise ValueError(f"{expect!r} is not a layout expectation; valid: {LAYOUT_EXPECTATIONS}")
+
+
+def unit_problem(weighs: str) -> str | None:
+    """Why `custom.weighs` is not one of UNITS (None: it is)."""
+    return None if weighs in UNITS else f"{weighs!r} is not one of {', '.join(UNITS)}"
+
+
+def heavier_tokens(unit: str, than: str) -> str | None:
+    """Which tokens an objective that weighs `unit` alike weighs more than one that weighs `than` alike (both
+    UNITS), in words; None where the two weigh tokens alike (the gradients differ by a factor at most)."""
+    words = {
+        ("token", "response"): "long responses' tokens",
+        ("token", "prompt"): "the tokens of long groups",
+        ("response", "token"): "short responses' tokens",
+        ("response", "prompt"): "the tokens of responses short for their group",
+        ("prompt", "token"): "the tokens of short groups",
+        ("prompt", "response"): "the tokens of responses long for their group",
+    }
+    return None if unit == than else words[(unit, than)]

@@ -74,6 +74,8 @@ STRINGS = [
     ("custom.fn", "no_colon", ["reduction=custom"], "not MODULE:CALLABLE"),
     ("custom.fn", "no_such_module:loss", ["reduction=custom"], "no module named"),
     ("custom.expect", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.expect=sideways"),
+    ("custom.expect_layouts", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.expect_layouts="),
+    ("custom.weighs", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.weighs=sideways"),
     ("fault.kind", "explode", [], "fault.kind=explode"),
     ("cost.modes", "[local,custom]", [], "cost.modes"),
     ("cost.modes", "[sum]", [], "must include local"),

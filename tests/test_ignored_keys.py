@@ -43,6 +43,8 @@ OUTSIDE_THE_RANKS = {
     "custom.expect": lambda cfg: cfg.reduction.value == "custom",  # the analysis judges the run by it
     "custom.rule": lambda cfg: cfg.reduction.value == "custom",  # the trainers table's line
     "custom.name": lambda cfg: cfg.reduction.value == "custom",  # the run's mode label
+    "custom.expect_layouts": lambda cfg: cfg.reduction.value == "custom",  # the analysis judges the run by it
+    "custom.weighs": lambda cfg: cfg.reduction.value == "custom",  # the analysis' post-training table
     "cost.warmup_steps": lambda cfg: bool(cfg.cost.modes),  # the analysis leaves these steps out
 }
 
@@ -74,6 +76,15 @@ def bases(data: Path) -> list[tuple[str, object]]:
         base("sum-no-counts", metrics__count_comm=False),
         base("sum-fault", fault__kind="nan", fault__step=4),
         base("sum-jsonl", data__path=str(data / "records.jsonl"), data__name="text"),
+        base("pg-local", reduction="local", objective__name="pg", train__seq_len=64, objective__max_response=32),
+        base(
+            "pg-custom",
+            reduction="custom",
+            objective__name="pg",
+            train__seq_len=64,
+            objective__max_response=32,
+            **CUSTOM,
+        ),
         base("cost-sum", **COST),
         base("cost-local", reduction="local", **COST),
     ]

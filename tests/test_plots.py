@@ -14,8 +14,12 @@ from analysis.gradients.tolerances import Tolerances
 from analysis.load.sweeps import load_sweeps
 from analysis.plots import cost as plots_cost
 from analysis.plots import curves as curve_plots
+from analysis.plots import post_training as plots_post_training
 from analysis.plots.figures import legibility_problems, save
-from analysis.testing.synthetic import SyntheticRun, write_cost_job, write_sweep
+from analysis.post_training.layouts import layout_table
+from analysis.post_training.papers import paper_table
+from analysis.post_training.table import rl_table
+from analysis.testing.synthetic import PG_LAYOUTS, SyntheticRun, pg_run, write_cost_job, write_sweep
 from runner.modes import COLOURS
 
 
@@ -108,3 +112,39 @@ def test_the_legibility_check_finds_an_offset_and_a_cut_label():
     problems = legibility_problems(fig)
     plt.close(fig)
     assert any("offset" in p for p in problems) and any("cut off" in p for p in problems), problems
+
+
+def test_the_post_training_figure_is_legible_and_shows_each_cell(tmp_path, monkeypatch):
+    """Modes x layouts: every run's cell says what the layout did to its gradient (the same, ×k, the cosine),
+    at integer positions labelled with the layouts and the modes (with what each weighs alike)."""
+    runs = [
+        SyntheticRun("sum", *PG_LAYOUTS[layout], steps=3, overrides={"objective.name": "pg"}) for layout in PG_LAYOUTS
+    ]
+    runs += [
+        pg_run("bnpo-like", layout, "token", "changes with dp", turn=0.2 * (layout == "w2")) for layout in PG_LAYOUTS
+    ]
+    runs += [pg_run("sum over dp", layout, "token", "x dp", factor=1 + (layout == "w2")) for layout in PG_LAYOUTS]
+    runs += [pg_run("GRPO (paper)", layout, "response", "invariant", turn=0.5, paper="GRPO") for layout in PG_LAYOUTS]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    checked = {}
+
+    def checking_save(fig, path, dpi=100):
+        ax = fig.axes[0]
+        checked["problems"] = legibility_problems(fig)
+        checked["x"] = [(tick, label.get_text()) for tick, label in zip(ax.get_xticks(), ax.get_xticklabels())]
+        checked["y"] = [label.get_text() for label in ax.get_yticklabels()]
+        checked["cells"] = sorted(text.get_text() for text in ax.texts)
+        return save(fig, path, dpi)
+
+    monkeypatch.setattr(plots_post_training, "save", checking_save)
+    loaded = load_sweeps([sweep])
+    runs = assign_groups(loaded.runs).reset_index(drop=True)
+    layouts = layout_table(runs, loaded.steps, Tolerances())
+    rl = rl_table(layouts, paper_table(layouts, runs, loaded.steps, Tolerances()))
+    path = plots_post_training.post_training_plot(layouts, rl, tmp_path)
+    assert path == tmp_path / "post_training.png" and path.stat().st_size > 10_000
+    assert checked["problems"] == []
+    assert checked["x"] == [(0, "DP(1)-SP(1)-GA(1)"), (1, "DP(1)-SP(1)-GA(2)"), (2, "DP(2)-SP(1)-GA(1)"),
+                            (3, "DP(1)-SP(2)-GA(1)")]  # fmt: skip
+    assert checked["y"] == ["sum (token)", "bnpo-like (token)", "sum over dp (token)", "GRPO (paper) (response)"]
+    assert checked["cells"] == sorted(["W=1"] * 4 + ["same"] * 10 + ["×2", f"cos {np.cos(0.2):.3f}"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.pipeline import analyze
-from analysis.testing.synthetic import SyntheticRun, write_cost_job, write_sweep
+from analysis.testing.synthetic import SyntheticRun, pg_run, write_cost_job, write_sweep
 
 OTHER_MODES = ("detached", "fsdp_sum", "scaled", "mean_of_means")
 
@@ -41,6 +41,8 @@ QUESTIONS = {
     "## Invariance to the layout": "Does a mode's loss curve change with the layout (at a fixed global batch)? ",
     "## Cost, measured interleaved": "Does a mode take more or less time a step than `local`? ",
     "## Trainers": "Do the trainers' rules give grad L, as the reference does? ",
+    "## Post-training aggregation": "Is every post-training mode's gradient invariant to the layout (against the same "
+    "mode at W=1, grad_accum=1)? ",
 }
 ANSWERS = ("Yes, ", "No, ", "Not measured", "Not stated", "Not that this measurement can tell", "None could")
 W2 = dict(world_size=2, grad_accum=2)
@@ -67,6 +69,14 @@ def sweeps_of_every_kind(folder) -> dict[str, tuple]:
             SyntheticRun("sum", **W2),
             SyntheticRun("sum", overrides={"autograd_all_reduce": "identity"}, factor=0.5, **W2),
             SyntheticRun("custom", overrides=custom, **W2),
+        ],
+        "post training": [
+            *[SyntheticRun("sum", world_size=w, steps=4, overrides={"objective.name": "pg"}) for w in (1, 2)],
+            *[
+                pg_run("bnpo", layout, "token", "changes with dp", turn=0.1 * (layout == "w2"))
+                for layout in ("w1", "w2")
+            ],
+            *[pg_run("GRPO", layout, "response", "invariant", turn=0.5, paper="GRPO") for layout in ("w1", "w1_ga2")],
         ],
     }
     costs = {
@@ -138,6 +148,13 @@ def test_the_answers_say_what_the_runs_were_built_to_show(reports):
         "Yes, `local` with world_size; `sum` gives the same curve in every layout tried."
     )
     assert layouts["## Verdicts"] == QUESTIONS["## Verdicts"] + "Yes, all 5 judged."
+
+    post_training = first_lines(reports["post training"].report.read_text())
+    assert post_training["## Post-training aggregation"] == QUESTIONS["## Post-training aggregation"] + (
+        "No, 2 of 3 are (`sum`, `GRPO`); `bnpo` changes direction with dp."
+    )
+    assert post_training["## Answer"] == post_training["## Post-training aggregation"]  # a post-training sweep's first
+    assert "## Post-training aggregation" not in reports["modes"].report.read_text()  # no objective=pg run there
 
     trainers = first_lines(reports["trainers"].report.read_text())
     trainers_answer = QUESTIONS["## Trainers"] + "No, 1 of 2 do; `sum[identity]` gives grad L × 1/2."

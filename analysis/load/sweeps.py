@@ -2,7 +2,8 @@
 
 - `runs`: one row per job directory (whatever became of it): `run` (its id,
   `<sweep>/<job>`), `sweep`, `job`, `status`, `error`, `steps_done`,
-  `steps_logged`, `diverged_at`, `device_used`, `backend`, then the whole resolved
+  `steps_logged`, `diverged_at`, `device_used`, `backend`, `paper` (the published
+  objective a custom rule writes out, from summary.json), then the whole resolved
   config flattened to dotted columns (`reduction`, `world_size`, `optim.lr`...).
 - `steps`: one row per (run, logged step): the metrics.jsonl records, with
   `comm` flattened to `comm_<kind>_<field>` (plus `comm_total_<field>` over
@@ -42,6 +43,7 @@ RUN_COLUMNS = [
     "diverged_at",
     "device_used",
     "backend",
+    "paper",
 ]
 NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
@@ -128,6 +130,19 @@ def _read_summary(job: Path) -> dict:
         return {"status": "failed", "error": f"summary.json is not JSON: {error}"}
 
 
+def _paper(summary: dict) -> str | None:
+    """The published objective a custom rule writes out (its summary's `custom_upstream` entry with a `paper`:
+    `runner.train.custom_rule.Paper`), None for any other run: the post-training table compares every mode with
+    the papers' objectives."""
+    upstream = summary.get("custom_upstream")
+    papers = (
+        [entry["paper"] for entry in upstream if isinstance(entry, dict) and entry.get("paper")]
+        if isinstance(upstream, list)
+        else []
+    )
+    return papers[0] if papers else None
+
+
 def _run_row(sweep: Path, job: Path) -> dict:
     summary = _read_summary(job)
     error = summary.get("error") or ""
@@ -140,6 +155,7 @@ def _run_row(sweep: Path, job: Path) -> dict:
         "steps_done": summary.get("steps_done", 0),
         "device_used": summary.get("device"),  # what `device` (a config key) resolved to
         "backend": summary.get("backend"),
+        "paper": _paper(summary),
     }
     try:
         config = read_config(job / "config.yaml")

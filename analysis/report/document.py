@@ -13,6 +13,7 @@ from analysis.plots.figures import MAX_GROUPS
 from analysis.report.communication import communication_section
 from analysis.report.cost import cost_section
 from analysis.report.invariance import invariance_section
+from analysis.report.post_training import CAPTION as POST_TRAINING_CAPTION
 from analysis.report.verdicts import incomplete_section, verdicts_section
 
 
@@ -47,7 +48,9 @@ def write_report(
     sections = [f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}", "", answer, *body]
     sections += cost_section(cost, floor, sweeps)
     if plots:
-        captions = {figure.file: figure.caption for figure in CURVE_FIGURES}
+        captions = {figure.file: figure.caption for figure in CURVE_FIGURES} | {
+            "post_training.png": POST_TRAINING_CAPTION
+        }
         for plot in plots:
             sections += [f"![{plot.stem}]({plot.name})", ""] + (
                 [captions[plot.name], ""] if plot.name in captions else []

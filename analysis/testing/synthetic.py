@@ -10,12 +10,17 @@ by `python -m bench analysis` (1,000 runs x 1,000 steps).
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
+import yaml
 from omegaconf import OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from runner.config import MetricsConfig, RunConfig, counted_step
 from runner.record.config_file import write_config_copy
@@ -42,14 +47,43 @@ class SyntheticRun:
     fail_after: int | None = None  # a failed run logged this many steps
     overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
     step_time_factor: float = 1.0  # every step takes this many times as long (e.g. a counter that costs time)
+    paper: str | None = None  # the published objective its rule writes out (summary.json's custom_upstream)
 
     @property
     def job_name(self) -> str:
         return f"{self.reduction}_ws{self.world_size}_sp{self.sp}_ga{self.grad_accum}_seed{self.seed}"
 
 
+@functools.cache
+def _default_config() -> dict:
+    """The schema's defaults as YAML gives them (building the structured config takes a third of a second: once)."""
+    return yaml.safe_load(OmegaConf.to_yaml(OmegaConf.structured(RunConfig), resolve=True))
+
+
+def _set(config: dict, key: str, value) -> None:
+    """config[a][b][c] = value for key "a.b.c", as OmegaConf.update on the structured config would store it: the key
+    must be the schema's (or under an open mapping such as model.overrides), an int where a float is stored
+    becomes a float, an Enum its value."""
+    *parents, leaf = key.split(".")
+    node = config
+    for i, part in enumerate(parents):
+        if part not in node and node:  # a closed section: not a key of the schema
+            raise KeyError(f"{key}: {'.'.join(parents[: i + 1])} is not a key of the config")
+        node = node.setdefault(part, {})
+    if leaf not in node and node and parents[:2] != ["model", "overrides"]:
+        raise KeyError(f"{key} is not a key of the config")
+    old = node.get(leaf)
+    node[leaf] = (
+        value.value
+        if isinstance(value, Enum)
+        else float(value)
+        if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool)
+        else value
+    )
+
+
 def _config_yaml(run: SyntheticRun) -> str:
-    cfg = OmegaConf.structured(RunConfig)
+    config = copy.deepcopy(_default_config())
     values = {
         "reduction": run.reduction,
         "world_size": run.world_size,
@@ -61,8 +95,10 @@ def _config_yaml(run: SyntheticRun) -> str:
         **(run.overrides or {}),
     }
     for key, value in values.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    return OmegaConf.to_yaml(cfg, resolve=True)
+        _set(config, key, value)
+    return yaml.dump(
+        config, default_flow_style=False, allow_unicode=True, sort_keys=False, Dumper=get_omega_conf_dumper()
+    )
 
 
 def true_trajectory(seed: int, steps: int) -> dict[str, np.ndarray]:
@@ -163,6 +199,8 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
             "invalid": "sp=3 does not divide world_size=2",
         }.get(run.status)
         summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
+        if run.paper:
+            summary["custom_upstream"] = [{"paper": run.paper, "where": "its objective"}]
         (job / "summary.json").write_text(json.dumps(summary))
     return sweep
 
@@ -228,3 +266,33 @@ def write_cost_job(
     (job / "floor.json").write_text(json.dumps({**floor, "world_size": world_size, "backend": "gloo"}))
     (job / "summary.json").write_text(json.dumps({"status": "completed", "error": None, "steps_done": steps}))
     return job
+
+
+# Post-training layouts (conf/layout/): (world_size, sp, grad_accum).
+PG_LAYOUTS = {"w1": (1, 1, 1), "w1_ga2": (1, 1, 2), "w2": (2, 1, 1), "w2_sp2": (2, 2, 1)}
+
+
+def pg_run(
+    name: str,
+    layout: str,
+    weighs: str | None,
+    expect_layouts: str | None,
+    *,
+    factor: float = 1.0,
+    turn: float = 0.0,
+    paper: str | None = None,
+    steps: int = 3,
+) -> SyntheticRun:
+    """A post-training rule's run (objective=pg, reduction=custom) at one of PG_LAYOUTS, its gradient `factor` x
+    the shared one turned by `turn` (turns add: two runs' step-1 cosine is cos(turn_a - turn_b))."""
+    world_size, sp, grad_accum = PG_LAYOUTS[layout]
+    custom = {
+        "objective.name": "pg",
+        "custom.fn": f"my_rules:{name.replace(' ', '_')}",
+        "custom.name": name,
+        **({"custom.weighs": weighs} if weighs else {}),
+        **({"custom.expect_layouts": expect_layouts} if expect_layouts else {}),
+    }
+    return SyntheticRun(
+        "custom", world_size, sp, grad_accum, steps=steps, factor=factor, turn=turn, paper=paper, overrides=custom
+    )

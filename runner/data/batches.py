@@ -69,9 +69,31 @@ def packing_separator(cfg: DataConfig) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class Responses:
+    """objective=pg: what a policy-gradient step knows of each row of a batch, one response per row
+    (`runner.data.responses`). Every field is per row, [rows]; a row's tokens are its sequence's."""
+
+    sequence: torch.Tensor  # int64: the row's index in the step's global batch
+    group: torch.Tensor  # int64: its prompt's index in the step (G consecutive rows share a prompt)
+    advantage: torch.Tensor  # float32: A_i, the same for every token of the response
+    length: torch.Tensor  # int64: |o_i|, the response's targets over the whole sequence (all sp chunks)
+    start: torch.Tensor  # int64: the label column of its first target (its prompt's length - 1)
+
+    def rows(self, rows: slice) -> Responses:
+        return Responses(*(getattr(self, name)[rows] for name in RESPONSE_FIELDS))
+
+
+RESPONSE_FIELDS = ("sequence", "group", "advantage", "length", "start")
+
+
+@dataclass(frozen=True)
 class Batch:
     inputs: torch.Tensor  # [batch, seq] int64 token ids
     labels: torch.Tensor  # [batch, seq] next-token targets, IGNORE_INDEX where padded
+    # objective=pg: each target's weight in the token loss w * CE = -A_i log p ([batch, seq] float32, A_i on a
+    # response's targets), and the rows' responses; None for objective=ce (every weight 1).
+    weights: torch.Tensor | None = None
+    responses: Responses | None = None
     position_offset: int = 0  # absolute position of column 0 (non-zero for sequence shards)
     # Valid targets of this micro-batch's whole sequences (all sp chunks); None: the batch is whole.
     sequence_valid_tokens: int | None = None
@@ -172,6 +194,8 @@ def local_micro_batches(batch: Batch, *, dp: int, dp_rank: int, sp: int, sp_rank
             Batch(
                 batch.inputs[rows, columns],
                 batch.labels[rows, columns],
+                weights=None if batch.weights is None else batch.weights[rows, columns],
+                responses=None if batch.responses is None else batch.responses.rows(rows),
                 position_offset=col_start,
                 sequence_valid_tokens=whole,
                 sequence_labels=batch.labels[rows],

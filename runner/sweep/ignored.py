@@ -42,6 +42,8 @@ SWEPT_ON_PURPOSE = (
     "custom.expect",
     "custom.rule",
     "custom.name",
+    "custom.expect_layouts",
+    "custom.weighs",
 )
 
 
@@ -80,7 +82,15 @@ RULES = (
         ),
     ),
     Rule(
-        ("custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name"),
+        (
+            "custom.fn",
+            "custom.fsdp_reduce",
+            "custom.expect",
+            "custom.rule",
+            "custom.name",
+            "custom.expect_layouts",
+            "custom.weighs",
+        ),
         lambda cfg: cfg.reduction.value == "custom",
         lambda cfg: f"reduction={cfg.reduction.value} is a built-in mode; custom.* is read by reduction=custom only",
     ),
@@ -93,6 +103,16 @@ RULES = (
         ("train.keep_checkpoints",),
         lambda cfg: not cfg.cost.modes and cfg.train.checkpoint_every > 0,
         lambda cfg: "train.checkpoint_every=0 saves no checkpoint (set it to keep some)",
+    ),
+    Rule(
+        ("objective.group_size", "objective.prompt_len", "objective.min_response", "objective.max_response"),
+        lambda cfg: cfg.objective.name.value == "pg",
+        lambda cfg: f"objective={cfg.objective.name.value} trains on the documents' targets; objective=pg reads these",
+    ),
+    Rule(
+        ("data.packing", "data.valid_tokens"),
+        lambda cfg: cfg.objective.name.value == "ce",
+        lambda cfg: "objective=pg builds each row as a prompt and a response whose tokens are all its targets",
     ),
     Rule(
         ("optim.beta1", "optim.beta2", "optim.eps"),

@@ -28,6 +28,7 @@ from runner.sweep.custom_check import custom_fn_problem
 from runner.sweep.hf_check import hf_class_problems
 from runner.sweep.ignored import ignored_key_problems
 from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
+from runner.sweep.objective_rules import objective_problems
 from runner.sweep.overrides import schema_keys
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -63,6 +64,7 @@ def config_problems(cfg: DictConfig, *, sweeping: bool = False, explained: tuple
         problems += hf_class_problems(cfg)  # transformers' config class, asked in a subprocess
     problems += positions_problems(cfg, shape)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
+    problems += objective_problems(cfg)
     problems += vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)

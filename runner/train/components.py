@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from runner.config import RunConfig
+from runner.config import Objective, RunConfig
 from runner.data.batches import Batch, GlobalBatches, load_documents, local_micro_batches, packing_separator
+from runner.data.responses import ResponseBatches
 from runner.layout import ParallelLayout
 from runner.model.parallel import Meshes, parallelize
 from runner.model.registry import build_model
@@ -29,7 +30,7 @@ class RankParts:
     layout: ParallelLayout
     meshes: Meshes
     device: torch.device
-    batches: GlobalBatches
+    batches: GlobalBatches | ResponseBatches
     model: nn.Module  # sharded with FSDP2, its gradient reduction set for `cfg.reduction` (or `custom.fsdp_reduce`)
     optimizer: torch.optim.Optimizer
 
@@ -78,6 +79,8 @@ class RankParts:
                 cfg.grad_accum,
                 autograd_all_reduce=all_reduce,
                 timeout_s=cfg.dist.timeout_s,
+                objective=cfg.objective if cfg.objective.name is Objective.pg else None,
+                sequences=cfg.train.global_batch,
             )
         # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
         all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
@@ -113,17 +116,34 @@ class RankParts:
         return facts
 
 
-def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
-    """The data, the seed-initialised model sharded for `cfg.reduction`, and its optimizer."""
-    batches = GlobalBatches(
-        load_documents(cfg.data),
-        seq_len=cfg.train.seq_len,
-        global_batch=cfg.train.global_batch,
+def global_batches(cfg: RunConfig) -> GlobalBatches | ResponseBatches:
+    """Each step's global batch, from (seed, step) alone: the documents' targets (objective=ce), or prompts and
+    responses with advantages (objective=pg, `runner.data.responses`)."""
+    documents = load_documents(cfg.data)
+    train = cfg.train
+    if cfg.objective.name is Objective.pg:
+        return ResponseBatches(
+            documents,
+            cfg.objective,
+            seq_len=train.seq_len,
+            global_batch=train.global_batch,
+            seed=cfg.seed,
+            separator=packing_separator(cfg.data),
+        )
+    return GlobalBatches(
+        documents,
+        seq_len=train.seq_len,
+        global_batch=train.global_batch,
         seed=cfg.seed,
         packing=cfg.data.packing,
         separator=packing_separator(cfg.data),
         valid_tokens=cfg.data.valid_tokens,
     )
+
+
+def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
+    """The data, the seed-initialised model sharded for `cfg.reduction`, and its optimizer."""
+    batches = global_batches(cfg)
     custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
     fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)

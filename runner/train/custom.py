@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from runner.config import ObjectiveConfig
 from runner.data.batches import Batch
 from runner.model.parallel import Meshes
 from runner.modes import AutogradAllReduce, Reduction
@@ -54,10 +55,13 @@ class CustomReducer(LossReducer):
         grad_accum: int,
         autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol,
         timeout_s: float = 300.0,
+        objective: ObjectiveConfig | None = None,
+        sequences: int = 0,
     ):
         super().__init__(Reduction.custom, meshes.world_group, grad_accum, sp=meshes.world["sp"].size())
         self.fn, self.spec, self.meshes = fn, spec, meshes
         self.autograd_all_reduce, self.timeout_s = autograd_all_reduce, timeout_s
+        self.objective, self.sequences = objective, sequences  # objective=pg's settings (None for ce); G_b
         self.rank = dist.get_rank(self.group)
         self.start_hook = getattr(fn, "start_step", None)
         self.finish_hook = getattr(fn, "finish_gradients", None)
@@ -89,6 +93,9 @@ class CustomReducer(LossReducer):
             dp_group=meshes.world["dp"].get_group(),
             sp_group=meshes.sp_group,
             device=self.valid_tokens.device,
+            sequences=self.sequences,
+            objective=self.objective,
+            responses=None if self.objective is None else tuple(mb.responses for mb in micro_batches),
             autograd_all_reduce=self.autograd_all_reduce,
         )
         if self.start_hook is not None:
@@ -98,7 +105,7 @@ class CustomReducer(LossReducer):
 
     def micro_batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, micro: Batch) -> torch.Tensor:
         with torch.no_grad():  # L, the loss every run records: S_rsm / N, outside the rule's graph
-            self.loss_sum += token_loss_sum(logits.detach(), labels) / self.valid_tokens
+            self.loss_sum += token_loss_sum(logits.detach(), labels, micro.weights) / self.valid_tokens
         ctx = LossContext(
             **_shallow(self.context),
             micro_batch=self.micro_batch,

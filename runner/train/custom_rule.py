@@ -27,7 +27,8 @@ The rule may carry attributes (set them with `custom_rule`, or by hand):
   `autograd_all_reduce`); the runner measures its backward once at the start.
 - `upstream`: the code the rule runs or follows (`Package`: an installed
   package's functions, recorded with the version that ran; `Source`: a
-  paraphrase of a repository's files at a commit), recorded in summary.json.
+  paraphrase of a repository's files at a commit; `Paper`: a published
+  objective written out), recorded in summary.json.
 
 Whatever the rule returns is checked, and whatever it raises (in the call or
 a hook) is reported as the rule's, naming the cause: a number or integer
@@ -46,7 +47,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner.data.batches import IGNORE_INDEX
+from runner.config import ObjectiveConfig
+from runner.data.batches import IGNORE_INDEX, Responses
 from runner.modes import AutogradAllReduce
 from runner.train.all_reduce import differentiable_all_reduce
 
@@ -74,6 +76,12 @@ class StepContext:
     dp_group: dist.ProcessGroup  # the ranks holding the other dp shards of the batch (same sp rank)
     sp_group: dist.ProcessGroup  # the ranks holding the other sp chunks of these sequences (same dp rank)
     device: torch.device  # where this rank's model and collectives live (labels stay on the CPU)
+    sequences: int = 0  # the step's sequences over all ranks and micro-batches (train.global_batch)
+    # objective=pg (`runner.data.responses`): the objective's settings (group_size, prompt_len, max_response), and
+    # each micro-batch's responses, one per row of this rank's rows (advantage, group, |o_i| over all sp chunks,
+    # first target's column, index in the step); None for objective=ce.
+    objective: ObjectiveConfig | None = None
+    responses: tuple[Responses, ...] | None = None
     autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol
     ignore_index: int = IGNORE_INDEX
     plan: Any = None  # what the rule's start_step returned for this step
@@ -95,6 +103,13 @@ class LossContext(StepContext):
     def whole_labels(self) -> torch.Tensor:
         """The labels of micro-batch m's whole sequences (all sp chunks)."""
         return self.sequence_labels[self.micro_batch]
+
+    @property
+    def micro_responses(self) -> Responses:
+        """objective=pg: the responses of micro-batch m's rows (row k of `labels` is response k here)."""
+        if self.responses is None:
+            raise ValueError("this run's objective has no responses (objective=ce); run it with objective=pg")
+        return self.responses[self.micro_batch]
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,17 @@ class Source:
 
     def record(self) -> dict:
         return {"repository": self.repository, "commit": self.commit, "files": list(self.files)}
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A published objective the rule writes out (there is no code to call or read): the paper and where in it."""
+
+    citation: str  # authors, year, title
+    where: str  # its arXiv id and the equation
+
+    def record(self) -> dict:
+        return {"paper": self.citation, "where": self.where}
 
 
 def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, graph_all_reduce=None):

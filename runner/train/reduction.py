@@ -2,7 +2,8 @@
 
 Notation for one optimizer step; W = world size = dp * sp, M = grad_accum.
 
-    S_rsm  sum of token cross-entropies of rank (r, s)'s shard of micro-batch m
+    S_rsm  sum of token losses of rank (r, s)'s shard of micro-batch m (cross-entropy; with
+           objective=pg, A_i x cross-entropy = -A_i log p: `runner.data.responses`)
            (dp rank r, sp rank s; with sp = 1 the shard is the whole micro-batch)
     n_rsm  its number of valid (non-ignored) targets
     n_rm   = sum_s n_rsm, the valid targets of micro-batch m's whole sequences
@@ -64,9 +65,14 @@ class StepLoss:
     valid_tokens: int  # N
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """S_rm: summed (not averaged) cross-entropy over the valid targets."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """S_rm: summed (not averaged) token loss over the valid targets: cross-entropy, or with objective=pg each
+    target's A_i x cross-entropy = -A_i log p (`weights`, `runner.data.responses`)."""
+    flat_logits, flat_labels = logits.flatten(0, 1).float(), labels.flatten()
+    if weights is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    losses = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none")
+    return (losses * weights.flatten().to(losses.device)).sum()
 
 
 def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
@@ -107,7 +113,7 @@ class LossReducer:
 
     def micro_batch_loss(self, logits: torch.Tensor, labels: torch.Tensor, micro: Batch) -> torch.Tensor:
         """The loss to call .backward() on for one micro-batch shard, from its logits and (shifted) labels."""
-        return self.backward_loss(token_loss_sum(logits, labels), micro.whole_valid_tokens)
+        return self.backward_loss(token_loss_sum(logits, labels, micro.weights), micro.whole_valid_tokens)
 
     def backward_loss(self, token_loss: torch.Tensor, sequence_valid_tokens: int) -> torch.Tensor:
         """The loss to call .backward() on for one micro-batch shard, given S_rsm and n_rm."""
