@@ -37,7 +37,9 @@ def rank_times(model: str, rounds: int, folder: str, seed: int) -> dict:
     overrides = {"world_size": 2, "grad_accum": 2, "wandb.mode": "disabled", "train.steps": 10_000}
     cfg = config_with(overrides)
     if model:
-        cfg.model = OmegaConf.merge(cfg.model, OmegaConf.load(Path(__file__).resolve().parents[1] / "conf/model" / f"{model}.yaml"))
+        cfg.model = OmegaConf.merge(
+            cfg.model, OmegaConf.load(Path(__file__).resolve().parents[1] / "conf/model" / f"{model}.yaml")
+        )
     cfg = rank_config(cfg)
     layout = ParallelLayout(2, 1, 2)
     parts = build_parts(cfg, build_meshes(layout, "cpu"), __import__("torch").device("cpu"))
