@@ -121,3 +121,57 @@ def test_a_rerun_after_a_completed_checkpointed_job_skips_it_and_another_layout_
     out = finished(run([*QUICK, "world_size=1", "hydra.run.dir=job"], tmp_path))
     assert "resumes from" not in out and "held an earlier run of another identity" in out, out
     assert "resumed_from_step" not in read_summary(tmp_path / "job")
+
+
+def rank_pids(job: Path) -> list[int]:
+    """The job's rank processes (their command line names the job folder), in rank order."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            words = [arg.decode(errors="replace") for arg in (proc / "cmdline").read_bytes().split(b"\0")]
+            environ = dict(
+                item.decode(errors="replace").partition("=")[::2]
+                for item in (proc / "environ").read_bytes().split(b"\0")
+                if b"=" in item
+            )
+        except OSError:  # not a process, or gone
+            continue
+        if "runner.world.worker" in words and str(job) in words:
+            found.append((int(environ.get("RANK", -1)), int(proc.name)))
+    return [pid for _, pid in sorted(found)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM to the launcher", "SIGUSR1 to rank 0 alone"])
+def test_a_stop_signal_saves_the_step_every_rank_agrees_on_and_the_rerun_resumes_there(tmp_path, how):
+    """No periodic checkpoint falls inside the run (checkpoint_every=1000): the one it resumes from is the one
+    the signal made. SIGTERM is what Ctrl-C, a timeout and SLURM's kill send; SIGUSR1 what SLURM sends ahead
+    of a time limit (to submitit's rank 0 only, under the slurm preset)."""
+    quick = ["train.steps=40", "train.checkpoint_every=1000", *QUICK[2:], "world_size=2"]
+    finished(run([*quick, "hydra.run.dir=whole"], tmp_path))
+    job = tmp_path / "stopped"
+    victim = run([*quick, "hydra.run.dir=stopped"], tmp_path)
+    deadline = time.time() + 600
+    metrics = job / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text()) and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # until the first records are written: training is under way
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 2.0))
+    if how.startswith("SIGTERM"):
+        victim.send_signal(signal.SIGTERM)
+    else:
+        os.kill(rank_pids(job)[0], signal.SIGUSR1)
+    out, _ = victim.communicate(timeout=600)
+    summary = read_summary(job)
+    newest = checkpoints.newest_complete(job)
+    assert newest is not None, out
+    stopped_at = newest[0]
+    assert summary["stopped_by"] == ("SIGTERM" if how.startswith("SIGTERM") else "SIGUSR1"), out
+    assert summary["steps_done"] == stopped_at < 40
+    assert [r["step"] for r in records(job)] == list(range(1, stopped_at + 1))  # every step up to it, once
+    if how.startswith("SIGTERM"):
+        assert f"a rerun into this directory resumes from its checkpoint of step {stopped_at}" in summary["error"]
+
+    again = finished(run([*quick, "hydra.run.dir=stopped"], tmp_path))
+    assert f"resumes from its checkpoint of step {stopped_at}" in again
+    assert records(job) == records(tmp_path / "whole")
+    assert read_summary(job)["final_state_sha256"] == read_summary(tmp_path / "whole")["final_state_sha256"]

@@ -34,6 +34,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from runner.config import rank_config
+from runner.record import checkpoints
 from runner.record.config_file import write_config
 from runner.record.summary import read_summary, update_summary
 from runner.sweep import interrupts, rerun
@@ -48,6 +49,8 @@ from runner.world.env import RankEnv, rank_env
 from runner.world.worker import JobInfo, run_rank
 
 log = logging.getLogger("runner")
+# How long a checkpointing job's ranks get, once stopped, to save the step they are in (`runner.train.stop_request`).
+CHECKPOINT_STOP_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
         ["--name", job.name, "--group", job.group],
         timeout_s=cfg.timeout_s,
         signals=arrived,
+        term_wait_s=CHECKPOINT_STOP_WAIT_S if cfg.train.checkpoint_every and not cfg.cost.modes else 5.0,
     )
     summary = _record_world(place.job_dir, cfg, outcome)
     _report(place.tag, job.name, summary, outcome.wall_s)
@@ -220,12 +224,18 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
 
 
 def _progress(job_dir: Path) -> str:
-    """How far an interrupted job got, from its metrics file."""
+    """How far an interrupted job got, from its metrics file, and where a rerun starts."""
     metrics = job_dir / "metrics.jsonl"
     steps = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+    newest = checkpoints.newest_complete(job_dir)
+    rerun_starts = (
+        f"a rerun into this directory resumes from its checkpoint of step {newest[0]}"
+        if newest is not None
+        else "a rerun into this directory runs it again"
+    )
     if not steps:
-        return "before its first step was recorded; a rerun into this directory runs it again"
-    return f"after {steps} recorded step(s), which are kept; a rerun into this directory runs it again"
+        return f"before its first step was recorded; {rerun_starts}"
+    return f"after {steps} recorded step(s), which are kept; {rerun_starts}"
 
 
 def _report(tag: str, name: str, summary: dict, wall_s: float) -> None:

@@ -81,14 +81,15 @@ def _wait_for_exit(processes: Sequence[subprocess.Popen], seconds: float) -> Non
         time.sleep(_POLL_S)
 
 
-def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0) -> None:
-    """Let the ranks exit on their own for `grace_s`, then SIGTERM, then SIGKILL."""
+def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0, term_wait_s: float = 5.0) -> None:
+    """Let the ranks exit on their own for `grace_s`, then SIGTERM (waiting `term_wait_s`: a checkpointing
+    rank saves its step first), then SIGKILL."""
     _wait_for_exit(processes, grace_s)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, wait_s in ((signal.SIGTERM, term_wait_s), (signal.SIGKILL, 5.0)):
         for p in processes:
             if p.poll() is None:
                 p.send_signal(sig)
-        _wait_for_exit(processes, 5.0)
+        _wait_for_exit(processes, wait_s)
 
 
 def run_world(
@@ -99,20 +100,22 @@ def run_world(
     timeout_s: float,
     module: str = "runner.world.worker",
     signals: list[int] | None = None,
+    term_wait_s: float = 5.0,
 ) -> WorldOutcome:
     """Run `python -m MODULE JOB_DIR *worker_args --spawned-at T` as ranks 0..world_size-1 and wait.
 
     MODULE is the job's worker; a benchmark passes a stand-in rank program. `signals` is the caller's
     `interrupts.held(deliver=False)` list: a SIGINT or SIGTERM noted there stops the ranks (polled every
     0.1 s, never raised mid-way) and the outcome says so. Without it, the world holds signals itself and
-    delivers one after the ranks are stopped and the logs closed.
+    delivers one after the ranks are stopped and the logs closed. `term_wait_s`: how long stopped ranks get
+    between SIGTERM and SIGKILL (a checkpointing job's save their step first: `runner.train.stop_request`).
     """
     holding = contextlib.nullcontext(signals) if signals is not None else interrupts.held()
     with holding as arrived:
-        return _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived)
+        return _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived, term_wait_s)
 
 
-def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: list[int]) -> WorldOutcome:
+def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: list[int], term_wait_s) -> WorldOutcome:
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # A FileStore in a fresh folder: no fixed port, no clash between concurrent sweeps.
@@ -145,7 +148,7 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
         while arrived or any(p.poll() is None for p in processes):
             if arrived:
                 interrupted = arrived[0]
-                _stop(processes)
+                _stop(processes, term_wait_s=term_wait_s)
                 break
             if any(p.poll() not in (None, 0) for p in processes):
                 # Survivors may be recording the same error, or blocked in a collective with the dead rank.
@@ -153,7 +156,7 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
                 break
             if time.monotonic() > deadline:
                 timed_out = True
-                _stop(processes)
+                _stop(processes, term_wait_s=term_wait_s)
                 break
             time.sleep(_POLL_S)
     finally:

@@ -21,6 +21,7 @@ outright loses them: at most gather_every - 1 steps).
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ from runner.train.meter import StepMeter, world_gather
 from runner.train.optim import optimizer_step
 from runner.train.outcome import TrainResult, divergence
 from runner.train.reduction import StepLoss, forward_backward
+from runner.train.stop_request import StopRequest
 
 NO_COMM = {"calls": 0, "bytes": 0, "seconds": 0.0}
 
@@ -150,6 +152,24 @@ def train(parts: RankParts, logger: MetricLogger | None, job_dir: Path | None = 
         result.resumed_from_step = result.steps_done = resumed["step"]
         if logger is not None:
             print(f"resumed from the checkpoint of step {resumed['step']}", flush=True)
+    asked = StopRequest() if train_cfg.checkpoint_every and job_dir is not None else None
+    try:
+        _steps(trainer, result, first, job_dir, asked)
+    finally:
+        if asked is not None:
+            asked.restore()
+    trainer.gather_pending()  # a diverged or stopped step's world figures (every rank stops at the same step)
+    if asked is not None and result.status == "completed":  # a resumed run's end state against an uninterrupted one's
+        result.final_state_sha256 = checkpoint.state_sha256(parts.model, parts.optimizer, parts.group)
+    if asked is not None and result.stopped_by:
+        asked.hand_on()  # submitit's handler, where there was one: it requeues the job
+    return result
+
+
+def _steps(trainer: Trainer, result: TrainResult, first: int, job_dir: Path | None, asked: StopRequest | None) -> None:
+    """Steps first..train.steps; a checkpoint after every checkpoint_every-th (but the last) and, when a stop
+    was asked (`runner.train.stop_request`), after the step the ranks agree on, which is then the last."""
+    parts, logger, train_cfg = trainer.parts, trainer.logger, trainer.cfg.train
     for step in range(first, train_cfg.steps + 1):
         record = trainer.step(step)
         result.steps_done, result.final_loss = step, record["loss"]
@@ -165,8 +185,10 @@ def train(parts: RankParts, logger: MetricLogger | None, job_dir: Path | None = 
             if logger is not None:
                 print(f"diverged: {stop}", flush=True)
             break
-        every = train_cfg.checkpoint_every
-        if every and step % every == 0 and step < train_cfg.steps and job_dir is not None:  # the last: the run ends
+        if step == train_cfg.steps or asked is None:  # the last step ends the run; no checkpoints kept
+            continue
+        signum = asked.agreed(parts.group, parts.device)
+        if step % train_cfg.checkpoint_every == 0 or signum:
             trainer.gather_pending()  # the steps up to this one are in metrics.jsonl before the checkpoint exists
             checkpoint.save(
                 parts.model,
@@ -178,7 +200,10 @@ def train(parts: RankParts, logger: MetricLogger | None, job_dir: Path | None = 
                 group=parts.group,
                 layout=parts.layout,
             )
-    trainer.gather_pending()  # a diverged step's world figures (every rank stops at the same step)
-    if train_cfg.checkpoint_every and job_dir is not None:  # a resumed run's end state against an uninterrupted one's
-        result.final_state_sha256 = checkpoint.state_sha256(parts.model, parts.optimizer, parts.group)
-    return result
+        if signum:
+            name = signal.Signals(signum).name
+            result.status, result.stopped_by = "failed", name
+            result.error = f"stopped by {name} after step {step}, whose checkpoint is saved: a rerun resumes from it"
+            if logger is not None:
+                print(result.error, flush=True)
+            return

@@ -20,6 +20,7 @@ class TrainResult:
     # micro-batch without targets: training goes on (the gradient decides divergence), the record says so.
     reported_not_finite: list[int] = field(default_factory=list)
     resumed_from_step: int | None = None  # the checkpoint's step this run resumed from (None: it started at 1)
+    stopped_by: str | None = None  # the signal a checkpointing run stopped on, after saving its step
     final_state_sha256: str | None = None  # with train.checkpoint_every: the model's and optimizer's state at the end
 
 

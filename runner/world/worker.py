@@ -134,7 +134,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss
         )
         summary["peak_rss_mib"] = result.peak_rss_mib
-        for field in ("resumed_from_step", "final_state_sha256"):
+        for field in ("resumed_from_step", "final_state_sha256", "stopped_by"):
             if getattr(result, field, None) is not None:
                 summary[field] = getattr(result, field)
         if getattr(result, "reported_not_finite", None):
