@@ -226,6 +226,9 @@ class RunConfig:
     autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol
     world_size: int = ranged(2, ge=1, le=2**20)
     sp: int = ranged(1, ge=1)  # sequence-parallel (Ulysses) degree; dp = world_size / sp
+    # HSDP: the dp ranks form this many replicas, each sharded by FSDP over dp / dp_replicate of them
+    # (times sp); 1 shards over all W ranks, dp_replicate = dp is plain DDP (`runner.layout`).
+    dp_replicate: int = ranged(1, ge=1)
     grad_accum: int = ranged(1, ge=1)
     seed: int = ranged(0, ge=0, lt=2**32)
     device: Device = Device.auto
