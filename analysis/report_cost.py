@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.cost import NULL_MODES
+from runner.layout import ParallelLayout
 from runner.modes import MODES, facts, with_extra_collectives
 
 
@@ -15,7 +16,15 @@ def interleaved_clause(job: pd.DataFrame) -> str:
     """What one interleaved measurement says: each mode's cost with its CI where the exact test resolves it,
     else the most it can cost; nothing where the null control fails."""
     first = job.iloc[0]
-    layout = f"DP({int(first['world_size'] // first['sp'])})-SP({int(first['sp'])})-GA({int(first['grad_accum'])})"
+    replicas = first.get("dp_replicate", 1)
+    layout = str(
+        ParallelLayout(
+            int(first["world_size"]),
+            int(first["sp"]),
+            int(first["grad_accum"]),
+            1 if pd.isna(replicas) else int(replicas),
+        )
+    )
     arms = len(job) + 1
     head = (
         f"measured interleaved in one {layout} world ({int(first['steps'])} steps after warm-up, {arms} arms in a "
