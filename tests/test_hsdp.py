@@ -46,9 +46,10 @@ def _tiny_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 2, bias=False))
 
 
-def _weighted_backward(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Rank r backpropagates (r + 1) * sum(model(ones)): its gradient is (r + 1) g. Returns the full gradients."""
-    counter = CollectiveCounter()
+def _weighted_backward(model: nn.Module, group_kinds: dict) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Rank r backpropagates (r + 1) * sum(model(ones)): its gradient is (r + 1) g. Returns the full gradients
+    and the collectives' calls by kind."""
+    counter = CollectiveCounter(group_kinds)
     with counter:
         ((dist.get_rank() + 1) * model(torch.ones(1, 4)).sum()).backward()
     grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
@@ -69,16 +70,17 @@ def fsdp_reduction_probe() -> dict:
     fully_shard(model[0], mesh=meshes.fsdp)  # as `parallelize` shards: the units, then the root
     fully_shard(model, mesh=meshes.fsdp)
     out = {"placements": {name: _placements(p) for name, p in model.named_parameters()}}
-    out["mean"], out["calls"] = _weighted_backward(model)
+    kinds = meshes.group_kinds()
+    out["mean"], out["calls"] = _weighted_backward(model, kinds)
     set_gradient_reduction(model, "sum")
-    out["sum"], _ = _weighted_backward(model)
+    out["sum"], _ = _weighted_backward(model, kinds)
     set_gradient_reduction(model, "mean")  # as the cost loop switches arms
-    out["mean again"], _ = _weighted_backward(model)
+    out["mean again"], _ = _weighted_backward(model, kinds)
     for module in model.modules():  # an explicit divide factor W, as the mean was set before HSDP
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(4.0)
     try:
-        _weighted_backward(model)
+        _weighted_backward(model, kinds)
         out["factor W"] = "ran"
     except RuntimeError as error:
         out["factor W"] = str(error)
@@ -99,8 +101,10 @@ def unit_gradient() -> dict[str, torch.Tensor]:
 
 def test_hsdp_places_parameters_replicated_and_sharded(probe):
     assert set(probe["placements"].values()) == {("Replicate", "Shard(0)")}
-    # Per FSDP unit (2): a reduce-scatter over the shards, then an all-reduce over the replicas.
-    assert probe["calls"]["reduce_scatter"] == 2 and probe["calls"]["all_reduce"] == 2
+    # Per FSDP unit (2): a reduce-scatter over the shards, then an all-reduce over the replicas (counted apart
+    # from the loss's all-reduces, of which this backward has none).
+    assert probe["calls"]["reduce_scatter"] == 2 and probe["calls"]["replica_all_reduce"] == 2
+    assert "all_reduce" not in probe["calls"]
 
 
 @pytest.mark.parametrize("setting, factor", [("mean", 2.5), ("sum", 10.0), ("mean again", 2.5)])

@@ -83,7 +83,7 @@ def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
         calls = {}
         for mode in order:
             set_gradient_reduction(model, facts(mode).fsdp_reduction)
-            counter = CollectiveCounter() if step == 1 else None
+            counter = CollectiveCounter(parts.meshes.group_kinds()) if step == 1 else None
             dist.barrier(group=group)
             started = time.perf_counter()
             if counter is not None:

@@ -51,11 +51,18 @@ from runner.model.ulysses import UlyssesAttention
 class Meshes:
     world: DeviceMesh  # 2-D (dp, sp): the data split and Ulysses
     fsdp: DeviceMesh  # FSDP's: `everyone` when dp_replicate = 1, else 2-D (replicate, shard_sp): HSDP
-    everyone: DeviceMesh  # 1-D, all W ranks: the loss collectives
+    everyone: DeviceMesh  # 1-D, all W ranks
+    loss_group: dist.ProcessGroup  # all W ranks: the loss collectives (a group of their own under HSDP)
 
     @property
     def world_group(self) -> dist.ProcessGroup:
-        return self.everyone.get_group()
+        return self.loss_group
+
+    def group_kinds(self) -> dict[str, str]:
+        """For the collective counter: FSDP's all-reduce over the replicas is `replica_all_reduce`, not the loss's."""
+        if self.fsdp.ndim == 1:
+            return {}
+        return {self.fsdp["replicate"].get_group().group_name: "replica_all_reduce"}
 
     @property
     def sp_group(self) -> dist.ProcessGroup:
@@ -74,9 +81,11 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("dp_sp",))
     world = everyone._unflatten(0, (layout.dp, layout.sp), ("dp", "sp"))
     if not layout.replicated:
-        return Meshes(world=world, fsdp=everyone, everyone=everyone)
+        return Meshes(world=world, fsdp=everyone, everyone=everyone, loss_group=everyone.get_group())
     fsdp = everyone._unflatten(0, (layout.dp_replicate, layout.fsdp_shards), ("replicate", "shard_sp"))
-    return Meshes(world=world, fsdp=fsdp, everyone=everyone)
+    # The loss collectives get a group of their own, so the collective counter tells them from FSDP's all-reduce
+    # over the replicas: under DDP that spans every rank and is the default group, as `everyone`'s is.
+    return Meshes(world=world, fsdp=fsdp, everyone=everyone, loss_group=dist.new_group())
 
 
 def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPolicy:
