@@ -13,8 +13,12 @@ STAMP := $(VENV)/.installed
 UV = $(VENV)/bin/uv pip install --quiet --python $(PY)
 SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml 2>/dev/null | cksum)
 ARGS ?=
+# uv does not byte-compile what it installs (pip does, at several times the install time). Where the
+# environment sets PYTHONDONTWRITEBYTECODE, every process (each rank of each job) would then compile
+# torch's modules again at import: ~3 s a rank. Unset here, the first import writes them once.
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup run test test-fast analyze bench sync clean
+.PHONY: setup setup-trainers run test test-fast analyze bench sync clean
 
 setup:
 	@if [ -x "$(PY)" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
@@ -33,6 +37,22 @@ setup:
 		echo "$(SETUP_KEY)" > $(STAMP); \
 	fi
 
+# The [trainers] extra (pyproject.toml: torchtitan, whose own loss code trainer=torchtitan calls) on top of
+# setup, with the installed torch pinned to itself so that no resolution can replace it, and `pip check` after it
+# (torchtitan's datasets caps huggingface_hub and fsspec: a resolution that broke transformers fails here). `make test` needs it;
+# `make run` does not (a rule whose package is missing is refused before launch, naming this install).
+TRAINERS_STAMP := $(VENV)/.installed-trainers
+setup-trainers: setup
+	@if [ -f "$(TRAINERS_STAMP)" ] && [ "$$(cat $(TRAINERS_STAMP))" = "$(SETUP_KEY)" ]; then \
+		echo "setup-trainers: the [trainers] extra is up to date"; \
+	else \
+		set -e; \
+		torch_version="$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))')"; \
+		$(UV) -e ".[dev,trainers]" "torch==$$torch_version"; \
+		$(VENV)/bin/uv pip check --python $(PY); \
+		echo "$(SETUP_KEY)" > $(TRAINERS_STAMP); \
+	fi
+
 # The sweep, the interleaved cost measurement into the same sweep directory,
 # then their analysis. ARGS are the sweep's overrides (`make run ARGS="model=small
 # train.steps=200"`); those that set one value (not a list, not experiment= or
@@ -46,14 +66,14 @@ run: setup
 	@echo "results: $(RUN_DIR)  (report: analysis/report.md; upload the W&B runs: make sync)"
 
 # Lint and format check (ruff, configured in pyproject.toml), then the tests.
-test: setup
+test: setup-trainers
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(ARGS)
 
 # The suite less its slow-marked tests (real worlds of Hugging Face models, whole trainer-rule runs): for
 # quick local runs; `make test` and CI run everything.
-test-fast: setup
+test-fast: setup-trainers
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 analyze: setup

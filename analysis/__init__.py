@@ -1,1 +1,1 @@
-"""Reads a sweep's job directories into pandas tables."""
+"""Reads a sweep's records, compares its runs, and writes report.md, its tables and plots (`python -m analysis`)."""

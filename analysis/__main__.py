@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.compare import NOT_RUN, Tolerances
-from analysis.load import newest_result, not_a_result
+from analysis.gradients.tolerances import Tolerances
+from analysis.load.sweeps import NOT_RUN, newest_result, not_a_result
 from analysis.pipeline import analyze
 from analysis.wandb_log import WANDB_MODES
 

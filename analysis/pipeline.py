@@ -15,21 +15,25 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import plots, plots_cost
-from analysis.background import Background
-from analysis.comm import comm_table
-from analysis.compare import Tolerances, measure, verdicts
-from analysis.cost import cost_table, floor_table
-from analysis.expected import expected_verdicts
-from analysis.groups import assign_groups
-from analysis.invariance import invariance, invariance_summary
-from analysis.load import load_sweeps
-from analysis.report import opening
-from analysis.report_cost import interleaved_clause
-from analysis.report_rfc import rfc_answer
-from analysis.report_tables import training_sections, write_report
-from analysis.runs_parquet import write_runs_parquet
-from analysis.trainers import trainer_sentences, trainers_csv, trainers_section, trainers_table
+from analysis.cost.comm import comm_table
+from analysis.cost.interleaved import cost_table, floor_table
+from analysis.gradients.expected import expected_verdicts
+from analysis.gradients.groups import assign_groups
+from analysis.gradients.invariance import invariance, invariance_summary
+from analysis.gradients.measures import measure
+from analysis.gradients.tolerances import Tolerances
+from analysis.gradients.verdicts import verdicts
+from analysis.load.runs_parquet import write_runs_parquet
+from analysis.load.sweeps import load_sweeps
+from analysis.plots.background import Background
+from analysis.plots.cost import comm_overhead, counted_modes, interleaved_cost
+from analysis.plots.curves import curve_figure_jobs, curve_figure_paths
+from analysis.report.answer import opening
+from analysis.report.cost import cost_answer, interleaved_clause
+from analysis.report.document import training_sections, write_report
+from analysis.report.rfc import rfc_answer
+from analysis.report.trainers import trainer_sentences, trainers_section
+from analysis.trainers.table import trainers_csv, trainers_table
 from analysis.wandb_log import log_analysis, resolve_mode
 
 VERDICT_ID_COLUMNS = [
@@ -115,9 +119,7 @@ def _analyze(
     measures, curves = measure(runs, loaded.steps, tol)
     plotting = make_plots and bool(curves["logged"].any())
     curve_pngs = (
-        [background.submit(draw, *args) for draw, args in plots.curve_figure_jobs(runs, curves, out)]
-        if plotting
-        else []
+        [background.submit(draw, *args) for draw, args in curve_figure_jobs(runs, curves, out)] if plotting else []
     )
     judged = verdicts(runs, measures, tol)
     table = pd.concat(
@@ -141,20 +143,20 @@ def _analyze(
     clock("invariance and communication")
 
     other_pngs = []
-    if plotting and comm["overhead_vs_local"].notna().any():
-        other_pngs.append(plots_cost.comm_overhead(comm, out))
+    if plotting and len(counted_modes(comm)) >= 2:
+        other_pngs.append(comm_overhead(comm, out))
     if plotting and len(cost):
-        other_pngs.append(plots_cost.interleaved_cost(cost, out))
+        other_pngs.append(interleaved_cost(cost, out))
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
-    pngs = (plots.curve_figure_paths(curves, out) if plotting else []) + other_pngs
+    pngs = (curve_figure_paths(curves, out) if plotting else []) + other_pngs
     trainers = trainers_table(runs, table)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
-    answer = opening(runs, table, comm, layout_summary, cost)
+    answer = opening(runs, table, comm, layout_summary, cost, trainers)
     for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
         answer += f"\n{extra}\n" if extra else ""
-    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, tol)
+    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, layout_summary, tol)
     report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
     clock("report")
     for drawn in curve_pngs:
@@ -185,12 +187,16 @@ def _analyze_cost_only(
     cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
     cost.to_csv(out / "cost.csv", index=False)
     floor.to_csv(out / "floor.csv", index=False)
-    pngs = [plots_cost.interleaved_cost(cost, out)] if make_plots and len(cost) else []
-    clauses = [interleaved_clause(job) for _, job in cost.groupby("job", sort=False)]
-    answer = "## Answer\n\nNo training runs here, only the interleaved cost measurement: " + (
-        " Also, ".join(clauses) + ".\n"
-        if clauses
-        else "it holds too few steps to compare (4 after warm-up at least).\n"
+    pngs = [interleaved_cost(cost, out)] if make_plots and len(cost) else []
+    jobs = [job for _, job in cost.groupby("job", sort=False)]
+    answer = "## Answer\n\n" + (
+        " ".join(cost_answer(job) for job in jobs)
+        + "\n\nNo training runs here, only the interleaved cost measurement: "
+        + " Also, ".join(interleaved_clause(job) for job in jobs)
+        + ".\n"
+        if jobs
+        else "Not measured: the cost job holds too few steps to compare (4 after warm-up at least), and no "
+        "training runs are here.\n"
     )
     report = write_report(out, sweeps, answer, [], pngs, cost, floor)
     clock("cost only")

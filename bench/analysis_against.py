@@ -8,7 +8,7 @@ round: COMMIT's code, this code, and this code again (the null control). Per
 round, the ratio of two arms' times is a paired comparison; rounds are
 independent, so the verdict is the exact signed-rank test on the log ratios,
 with the Hodges-Lehmann ratio and the 95 % CI that inverts it
-(`analysis.randomization`). A difference the null control's CI cannot tell
+(`analysis.cost.randomization`). A difference the null control's CI cannot tell
 from 1 is not reported as one. Prints the result; writes nothing to the repo.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.randomization import signed_rank_shift
-from analysis.synthetic import write_sweep
+from analysis.cost.randomization import signed_rank_shift
+from analysis.testing.synthetic import write_sweep
 from bench.analysis_scale import family
 
 REPO = Path(__file__).resolve().parents[1]

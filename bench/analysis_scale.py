@@ -1,6 +1,6 @@
 """B4: how long the analysis takes on 1,000 runs x 1,000 steps (goal < 5 s), and on 100, to show its growth.
 
-Writes synthetic sweeps (analysis.synthetic: every mode's behaviour built in,
+Writes synthetic sweeps (analysis.testing.synthetic: every mode's behaviour built in,
 a world_size=1 ground truth per family, collectives counted on the runner's
 sampled steps) to a temporary folder, then times `analysis.pipeline.analyze`
 on each, phase by phase, W&B off, in a fresh Python process as `python -m
@@ -25,7 +25,7 @@ from pathlib import Path
 
 STARTED = time.perf_counter()  # the analysis' imports, timed for the fresh process
 from analysis.pipeline import analyze  # noqa: E402
-from analysis.synthetic import SyntheticRun, write_sweep  # noqa: E402
+from analysis.testing.synthetic import SyntheticRun, write_sweep  # noqa: E402
 
 IMPORTED = time.perf_counter()
 

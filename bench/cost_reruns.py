@@ -2,7 +2,7 @@
 invocation: how often the null control holds, and how often each mode's verdict is the same class.
 
 Goal: the null control holds in 5/5 reruns, and `sum`'s verdict class (resolved, not resolved) is the same in
-at least 4/5. The reruns run one after another on this machine, each analysed by `analysis.cost`.
+at least 4/5. The reruns run one after another on this machine, each analysed by `analysis.cost.interleaved`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def cost_job(folder: Path, number: int, quick: bool) -> tuple[Path, float]:
 
 
 def run(quick: bool) -> tuple[str, str, str, str]:
-    from analysis.cost import cost_table
-    from analysis.report_cost import mode_cost
+    from analysis.cost.interleaved import cost_table
+    from analysis.report.cost import mode_cost
 
     tables, walls = [], []
     reruns = 2 if quick else RERUNS

@@ -6,7 +6,7 @@ Arms, each step in a random order, each after a barrier, on the same micro-batch
 - deferred: the same all-reduces, waited only at the step's end (no synchronisation point mid-step);
 - own_group: the same all-reduces on a process group of their own (not queued behind FSDP's collectives);
 - local_again: local's work again, the null control.
-Each against local with the exact signed-rank test (`analysis.randomization`), Holm-corrected.
+Each against local with the exact signed-rank test (`analysis.cost.randomization`), Holm-corrected.
 If detached's extra time came from the synchronisation point, `deferred` would remove it; if from queueing
 behind FSDP's reduce-scatters on the shared group, `own_group` would.
 """
@@ -88,7 +88,7 @@ def measure(steps: int) -> tuple[list[str], list[list[float]]] | None:
 
 
 def run(quick: bool) -> tuple[str, str, str, str]:
-    from analysis.randomization import holm, signed_rank_shift
+    from analysis.cost.randomization import holm, signed_rank_shift
     from runner.testing.local_world import run_in_world
 
     steps, warmup = (20, 2) if quick else (1000, 5)

@@ -96,7 +96,7 @@ def measure(steps: int, world_size: int, grad_accum: int, folder: str) -> tuple[
 
 def whole_run_ratios(frame: pd.DataFrame, warmup_steps: int, baseline: str = "bare", seed: int = 0) -> pd.DataFrame:
     """Per arm: sum over steps of its time / the baseline's, with a 95% moving-block-bootstrap CI."""
-    from analysis.bootstrap import CONFIDENCE, block_length, moving_blocks
+    from analysis.cost.bootstrap import CONFIDENCE, block_length, moving_blocks
 
     steady = frame[frame.index > warmup_steps]
     n = len(steady)
@@ -110,7 +110,7 @@ def whole_run_ratios(frame: pd.DataFrame, warmup_steps: int, baseline: str = "ba
 
 
 def run(quick: bool) -> tuple[str, str, str]:
-    from analysis.bootstrap import paired_overheads
+    from analysis.cost.bootstrap import paired_overheads
     from runner.config import MetricsConfig, WandbConfig
     from runner.testing.local_world import run_in_world
 

@@ -3,7 +3,7 @@
 Each grad_accum is one interleaved cost job (`runner.measure.cost`, `experiment=cost`):
 every step runs sum, local, detached, fsdp_sum and scaled on the same
 micro-batches in a random order, each after a barrier. The figures are
-`analysis.cost`'s: Hodges-Lehmann shifts against local on the same steps with the
+`analysis.cost.interleaved`'s: Hodges-Lehmann shifts against local on the same steps with the
 95% CIs of the exact signed-rank test, Holm-corrected verdicts, the null control
 (fsdp_sum, scaled), and the floor's prediction.
 """
@@ -31,7 +31,7 @@ def cost_job(folder: Path, grad_accum: int, steps: int, floor_calls: int) -> Pat
 
 
 def run(quick: bool) -> tuple[str, str, str]:
-    from analysis.cost import cost_table, floor_table
+    from analysis.cost.interleaved import cost_table, floor_table
 
     steps, floor_calls = (12, 50) if quick else (200, 1000)
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,16 +11,20 @@ import time
 
 from runner.sweep import interrupts
 
-interrupts.install()  # first: Ctrl-C during the imports below is handled too
+interrupts.hold_for_good()  # first: a Ctrl-C during the imports below is noted, and ends the run right after them
 STARTED = time.time()  # this invocation's jobs are those that recorded an outcome since
 
 import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from runner.config import register_configs  # noqa: E402
+from runner.sweep import rerun  # noqa: E402
 from runner.sweep.overrides import override_problems, quote_home_paths  # noqa: E402
 from runner.sweep.tally import tally  # noqa: E402
 from runner.sweep.validate import EXIT_INVALID, InvalidConfig  # noqa: E402
@@ -38,18 +42,47 @@ def main(cfg: DictConfig) -> dict:
     return run_job(cfg)
 
 
-def report_interruption(stop: interrupts.Interrupted) -> None:
-    """One line for the user: what this invocation did before the signal, and how to go on."""
+def report_interruption(signum: int, stop: interrupts.Interrupted | None) -> None:
+    """Record any job of this invocation that a signal stopped before it recorded itself, then one line for the
+    user: what this invocation did before the signal, and how to go on."""
     log = logging.getLogger("runner")
-    if stop.sweep_dir is not None and stop.sweep_dir.is_dir():
-        line = tally(stop.sweep_dir, since=STARTED).line()
-        log.error(
-            f"sweep interrupted by {stop.name}: {line} -> {stop.sweep_dir}; a rerun into it runs what did not complete"
-        )
-    elif stop.job_dir is not None:
-        log.error(f"run interrupted by {stop.name} -> {stop.job_dir} (its summary.json records how far it got)")
+    name = signal.Signals(signum).name
+    sweep_dir, job_dir = _where(stop)
+    if sweep_dir is not None and sweep_dir.is_dir():
+        for job in rerun.jobs_started_since(sweep_dir, STARTED):
+            rerun.record_interrupted(job, signum, since=STARTED)
+        line = tally(sweep_dir, since=STARTED).line()
+        log.error(f"sweep interrupted by {name}: {line} -> {sweep_dir}; a rerun into it runs what did not complete")
+    elif job_dir is not None:
+        rerun.record_interrupted(job_dir, signum, since=STARTED)
+        log.error(f"run interrupted by {name} -> {job_dir} (its summary.json records how far it got)")
     else:
-        print(f"runner: interrupted by {stop.name} before a job's ranks started", file=sys.stderr)
+        print(f"runner: interrupted by {name} before a job started", file=sys.stderr)
+
+
+def _where(stop: interrupts.Interrupted | None) -> tuple[Path | None, Path | None]:
+    """(the sweep's folder, or None; the single run's folder, or None): from the job the signal stopped, else
+    from where Hydra was putting this invocation's jobs (a signal between the jobs, or in Hydra's own start of
+    one: `interrupts.JobFolders`)."""
+    if stop is not None and stop.job_dir is not None:
+        return stop.sweep_dir, None if stop.sweep_dir is not None else stop.job_dir
+    folders = interrupts.folders()
+    run = folders.get("run")
+    return folders.get("sweep"), run if run is not None and run.is_dir() else None
+
+
+def _main() -> int:
+    """Hydra's run; the exit status of the input, the job or the sweep (`runner.sweep.tally`)."""
+    try:
+        main()
+    except SystemExit as exit:
+        # Hydra reports any error with status 1. Before the first job started, the
+        # error is in the input (an unknown key, a wrong type, a value not in a
+        # group or enum, an override's syntax): refused before launch, like the rest.
+        if exit.code == 1 and _jobs_started == 0:
+            return EXIT_INVALID
+        return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":
@@ -58,16 +91,23 @@ if __name__ == "__main__":
     if problems:
         print(f"runner: {InvalidConfig(problems)}", file=sys.stderr)
         raise SystemExit(EXIT_INVALID)
+    stop, code = None, 0
     try:
-        main()
-    except interrupts.Interrupted as stop:
-        with interrupts.held():
-            report_interruption(stop)
-        raise SystemExit(stop.exit_code) from None
-    except SystemExit as exit:
-        # Hydra reports any error with status 1. Before the first job started, the
-        # error is in the input (an unknown key, a wrong type, a value not in a
-        # group or enum, an override's syntax): refused before launch, like the rest.
-        if exit.code == 1 and _jobs_started == 0:
-            raise SystemExit(EXIT_INVALID) from None
-        raise
+        try:
+            interrupts.install()  # from here to the first job, and between jobs, a signal raises `Interrupted`
+            if interrupts.first_signal() is None:  # one during the imports ends the run before anything started
+                code = _main()
+        finally:
+            interrupts.hold_for_good()  # the work is done or stopped: a signal from here on is only noted
+    except interrupts.Interrupted as interrupted:
+        stop = interrupted
+    signum = interrupts.block_for_exit()
+    if signum is not None:  # the first signal decides, wherever it arrived (and however the work ended)
+        report_interruption(signum, stop)
+        # Exit now: the interpreter's shutdown would finalize what the signal cut short (a half-run context
+        # manager of Hydra's composition prints "Exception ignored ... Python is likely shutting down").
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+    raise SystemExit(code)

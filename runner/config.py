@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -20,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.modes import AutogradAllReduce, Reduction
 from runner.ranges import ranged
-from runner.record.config_file import write_config_copy
 
 
 class OptimizerName(str, Enum):
@@ -54,6 +54,14 @@ class Architecture(str, Enum):
 
     decoder = "decoder"  # the runner's own Llama-style decoder
     hf = "hf"  # a Hugging Face *ForCausalLM built from a config (runner.model.hf): model.config and model.overrides
+
+
+class ValidTokens(str, Enum):
+    """Which targets of each step's global batch count (`data.valid_tokens`; `runner.data.batches.mask_targets`)."""
+
+    full = "full"  # every target the documents give (padding aside)
+    skewed = "skewed"  # row i of the step keeps every (i+1)-th target: ranks and micro-batches hold very unequal counts
+    one_empty = "one_empty"  # skewed, and the step's last quarter of rows keeps none: an empty micro-batch
 
 
 class Device(str, Enum):
@@ -103,6 +111,9 @@ class DataConfig:
     # null: byte-level tokens (vocab 256). Otherwise a tokenizer.json (the `tokenizers` library) whose
     # ids replace the bytes; its vocab must fit the model's.
     tokenizer: Optional[str] = None
+    # Which targets count (`ValidTokens`): full (default), skewed, one_empty. A function of the step's global
+    # batch alone, so every layout of a step still trains on the same targets (runner.data.batches).
+    valid_tokens: ValidTokens = ValidTokens.full
 
 
 @dataclass
@@ -216,6 +227,9 @@ class CustomConfig:
     expect: Optional[str] = None
     # One line for the report's trainers table: whose rule the callable follows and what it does.
     rule: Optional[str] = None
+    # The name people know the rule by ("torchtitan", "Megatron-LM (per-token)"): the run's mode label
+    # (`runner.modes.mode_label`); null: custom:MODULE:CALLABLE.
+    name: Optional[str] = None
 
 
 @dataclass
@@ -256,13 +270,22 @@ def tasks_per_node_for(world_size: int, gpus_per_node: int) -> int:
     return min(int(world_size), int(gpus_per_node))
 
 
+# The characters a job folder's name keeps: safe on every file system (Windows forbids <>:"/\\|?* and names that
+# end in a dot or a space; macOS rewrites some Unicode) and in a shell. Every other character becomes "_".
+SAFE_NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9._,=+-]")
+
+
 def job_dirname(overrides: str, limit: int = 150) -> str:
-    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): path separators become
-    underscores, and a name longer than `limit` keeps its start and gets a hash of the whole, so it stays unique."""
-    name = overrides.replace("/", "_").replace("\\", "_")
+    """A job folder's name from its overrides (`reduction=sum,data.path=a/b.txt`): every character outside
+    SAFE_NAME_CHARACTERS (a path's slashes, custom.fn's colon, spaces, quotes, brackets, non-ASCII) becomes an
+    underscore, as does a trailing dot; a name longer than `limit` keeps its start and gets a hash of the whole
+    overrides, so it stays unique (the sweep's job number before it keeps every folder of a sweep apart)."""
+    name = SAFE_NAME_CHARACTERS.sub("_", overrides)
+    if name.endswith("."):
+        name = name[:-1] + "_"
     if len(name) <= limit:
         return name
-    return f"{name[:limit]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"{name[:limit]}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
 
 
 def run_schema() -> DictConfig:
@@ -273,9 +296,21 @@ def run_schema() -> DictConfig:
     return schema
 
 
+def if_equal(a: object, b: object, then: object, otherwise: object) -> object:
+    """`${runner_if_equal:A,B,THEN,ELSE}` in a preset: THEN where A == B (compared as text), else ELSE. A trainer
+    preset's `custom.expect` can so depend on the layout: `${runner_if_equal:${world_size},${sp},grad L,different}`
+    (grad L at dp = 1)."""
+    return then if str(a) == str(b) else otherwise
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(name="run_schema", node=run_schema())
-    resolvers = {"runner_nodes": nodes_for, "runner_tasks_per_node": tasks_per_node_for, "runner_dirname": job_dirname}
+    resolvers = {
+        "runner_nodes": nodes_for,
+        "runner_tasks_per_node": tasks_per_node_for,
+        "runner_dirname": job_dirname,
+        "runner_if_equal": if_equal,
+    }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
@@ -283,8 +318,8 @@ def register_configs() -> None:
 
 def run_config_from(cfg: DictConfig) -> DictConfig:
     """The job's own config (Hydra's node removed), resolved and typed."""
-    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    plain.pop("hydra", None)
+    job_keys = [key for key in cfg if key != "hydra"]  # Hydra's node may hold what resolves in a job only
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, job_keys), resolve=True, throw_on_missing=True)
     data = plain.get("data") or {}
     if data.get("path") is not None and data.get("name") == "embedded":
         data["name"] = "text"  # `data.path=...` alone reads the user's text, and config.yaml says so
@@ -302,12 +337,6 @@ def config_with(overrides: dict[str, object]) -> DictConfig:
 def run_config_yaml(cfg: DictConfig) -> str:
     """The text of a job's config.yaml."""
     return OmegaConf.to_yaml(cfg, resolve=True)
-
-
-def save_run_config(cfg: DictConfig, path: Path) -> None:
-    """config.yaml, and the JSON copy of it that the analysis reads (`runner.record.config_file`)."""
-    path.write_text(run_config_yaml(cfg))
-    write_config_copy(path)
 
 
 def load_run_config(path: Path) -> DictConfig:

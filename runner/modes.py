@@ -29,7 +29,8 @@ rule the runner's tests and the analysis' expected verdicts read. A `custom`
 run's gradient is whatever its callable makes it: the analysis judges it by
 what it measured, against `custom.expect` when given (`custom_expectation`).
 A run's mode, as every table and plot names it, is `mode_label`: `sum`,
-`sum[identity]`, `custom:MODULE:CALLABLE`.
+`sum[identity]`, `torchtitan [FSDP sum]` (a custom rule by `custom.name`, else
+`custom:MODULE:CALLABLE`, with the settings that change its gradient).
 """
 
 from __future__ import annotations
@@ -175,19 +176,52 @@ def fsdp_reduction_of(mode: str | Reduction, custom_fsdp_reduce: str = "mean") -
 
 
 def mode_label(
-    mode: str | Reduction, autograd_all_reduce: str | AutogradAllReduce = "funcol", custom_fn: str | None = None
+    mode: str | Reduction,
+    autograd_all_reduce: str | AutogradAllReduce = "funcol",
+    custom_fn: str | None = None,
+    *,
+    custom_name: str | None = None,
+    custom_fsdp_reduce: str | None = None,
 ) -> str:
-    """How tables and plots name a run's mode: `sum`, `sum[identity]`, `custom:MODULE:CALLABLE`.
+    """How tables and plots name a run's mode: `sum`, `sum[identity]`, `torchtitan [FSDP sum]`,
+    `custom:MODULE:CALLABLE [FSDP mean]`: every setting that changes the run's gradient rule.
 
-    The all-reduce is named only where it applies and is not the default (`funcol`, the reference's).
+    The all-reduce is named only where it is not the default (`funcol`, the reference's): for `sum`, which
+    has it in its graph, and for `custom`, whose rule may use it (`ctx.all_reduce`). A custom run is named by
+    `custom.name` (the name people know the rule by) or its callable, then FSDP's reduction when given.
     """
     mode = Reduction(mode)
-    if mode is Reduction.custom:
-        return f"custom:{custom_fn}"
     implementation = AutogradAllReduce(autograd_all_reduce)
-    if has_graph_all_reduce(mode) and implementation is not AutogradAllReduce.funcol:
+    non_default = implementation is not AutogradAllReduce.funcol
+    if mode is Reduction.custom:
+        settings = [f"FSDP {custom_fsdp_reduce}"] if custom_fsdp_reduce else []
+        settings += [implementation.value] if non_default else []
+        name = custom_name or f"custom:{custom_fn}"
+        return f"{name} [{', '.join(settings)}]" if settings else name
+    if has_graph_all_reduce(mode) and non_default:
         return f"{mode.value}[{implementation.value}]"
     return mode.value
+
+
+def run_mode_label(cfg) -> str:
+    """`mode_label` of a run config (typed or a DictConfig), reading only the keys its mode reads (so that a key
+    it ignores stays unread: `runner.sweep.ignored`): a built-in mode's all-reduce where it has one in its graph,
+    a custom rule's custom.* settings and all-reduce."""
+
+    def value(v):
+        return v.value if isinstance(v, Enum) else v
+
+    mode = Reduction(value(cfg.reduction))
+    if mode is not Reduction.custom:
+        return mode_label(mode, value(cfg.autograd_all_reduce) if has_graph_all_reduce(mode) else "funcol")
+    custom = cfg.custom
+    return mode_label(
+        mode,
+        value(cfg.autograd_all_reduce),
+        custom.fn,
+        custom_name=custom.name,
+        custom_fsdp_reduce=value(custom.fsdp_reduce),
+    )
 
 
 def label_order(label: str) -> tuple:

@@ -56,7 +56,7 @@ def run_module(module: str, args: list[str], cwd: Path, env: dict | None = None,
 
 
 def step_one_batch(cfg: RunConfig):
-    """The global batch of step 1, drawn as the ranks draw it (the runner's data, no packing)."""
+    """The global batch of step 1, drawn as the ranks draw it (the runner's data, no packing, its data.valid_tokens)."""
     from runner.data.batches import GlobalBatches, load_documents
 
     return GlobalBatches(
@@ -65,6 +65,7 @@ def step_one_batch(cfg: RunConfig):
         global_batch=cfg.train.global_batch,
         seed=cfg.seed,
         packing=False,
+        valid_tokens=cfg.data.valid_tokens,
     )(1)
 
 

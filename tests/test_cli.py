@@ -108,7 +108,7 @@ def test_a_rerun_with_another_config_keeps_the_earlier_run_and_the_tally_counts_
         "runner", ["-m", "reduction=sum,local", f"data.path={other}", *QUICK, "hydra.sweep.dir=s", *fixed], tmp_path
     )
     assert again.returncode == 0, output(again)
-    assert "held an earlier run of another config (data.path:" in output(again)
+    assert "held an earlier run of another identity (data.path:" in output(again)
     kept = list((tmp_path / "s/superseded").glob("0-*"))
     assert len(kept) == 1 and (kept[0] / "metrics.jsonl").read_bytes() == earlier_metrics
     assert "sweep: completed 2, failed 0, diverged 0, invalid 0, skipped 0" in output(again)

@@ -11,7 +11,7 @@ from gloo_world import run_in_world
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from runner.measure.comm import CollectiveCounter
+from runner.train.counter import CollectiveCounter
 
 FLOAT = 4  # bytes
 

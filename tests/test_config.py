@@ -58,7 +58,6 @@ def error_chain(error: BaseException) -> str:
                 "optim.lr=1e-3",
                 "optim.clip=0.5",
                 "wandb.mode=disabled",
-                "wandb.project=p",
             ],
             {"train.steps": 5, "train.seq_len": 64, "optim.lr": 1e-3, "optim.clip": 0.5, "wandb.mode": "disabled"},
         ),
@@ -164,7 +163,7 @@ def test_composition_rejects(overrides, names):
         (["wandb.log_every=0"], "wandb.log_every", ">= 1"),
         (["fault.kind=raise", "fault.rank=2"], "fault.rank", "valid: 0 to 1"),
         (["fault.kind=exit", "fault.step=61"], "fault.step", "valid: 1 to 60"),
-        (["fault.kind=nan", "experiment=cost"], "fault.kind", "cost.modes must be empty"),
+        (["fault.kind=nan", "experiment=cost"], "fault.kind", "a cost job (cost.modes) injects no fault"),
         (["dist.timeout_s=0"], "dist.timeout_s", "> 0"),
         (["dp_replicate=0"], "dp_replicate", "dp_replicate=0 must be >= 1"),
         (

@@ -7,17 +7,16 @@ import json
 import pandas as pd
 import yaml
 
-from analysis.load import load_sweeps
-from analysis.synthetic import SyntheticRun, write_sweep
-from runner.config import config_with, save_run_config
-from runner.record.config_file import COPY_NAME, read_config, write_config_copy
+from analysis.load.sweeps import load_sweeps
+from analysis.testing.synthetic import SyntheticRun, write_sweep
+from runner.config import config_with, run_config_yaml
+from runner.record.config_file import COPY_NAME, read_config, write_config, write_config_copy
 
 
 def test_the_runner_writes_a_copy_that_reads_back_as_its_yaml(tmp_path):
     path = tmp_path / "config.yaml"
-    save_run_config(
-        config_with({"reduction": "local", "world_size": 4, "optim.lr": 1e-5, "cost.modes": ["sum", "local"]}), path
-    )
+    config = config_with({"reduction": "local", "world_size": 4, "optim.lr": 1e-5, "cost.modes": ["sum", "local"]})
+    write_config(path, run_config_yaml(config))
     copied = read_config(path)
     assert (tmp_path / COPY_NAME).exists()
     assert copied == yaml.safe_load(path.read_text())

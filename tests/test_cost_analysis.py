@@ -7,16 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.bootstrap import moving_blocks, paired_overheads
-from analysis.comm import comm_table
-from analysis.cost import cost_table
-from analysis.groups import assign_groups
-from analysis.load import load_sweeps
+from analysis.cost.bootstrap import moving_blocks, paired_overheads
+from analysis.cost.comm import comm_table
+from analysis.cost.interleaved import cost_table
+from analysis.gradients.groups import assign_groups
+from analysis.load.sweeps import load_sweeps
 from analysis.pipeline import analyze
-from analysis.synthetic import SyntheticRun, write_cost_job, write_sweep
+from analysis.testing.synthetic import SyntheticRun, write_cost_job, write_sweep
 
 
-def test_sequential_overhead_pairs_with_matching_counter_settings_and_averages_repeats(tmp_path):
+def test_sequential_step_time_ratio_pairs_with_matching_counter_settings_and_averages_repeats(tmp_path):
     layout = dict(world_size=2, grad_accum=2)
     uncounted = {"metrics.count_comm": False}
     runs = [
@@ -28,7 +28,7 @@ def test_sequential_overhead_pairs_with_matching_counter_settings_and_averages_r
     ]
     loaded = load_sweeps([write_sweep(tmp_path / "sweep", runs)])
     comm = comm_table(assign_groups(loaded.runs).reset_index(drop=True), loaded.steps)
-    counted_sum, uncounted_sum = comm[comm["reduction"] == "sum"]["overhead_vs_local"]
+    counted_sum, uncounted_sum = comm[comm["reduction"] == "sum"]["step_time_vs_local_uncontrolled"]
     # sum's time is (1 + 0.02 * 5) / (1 + 0.02 * 2) of local's at the same factor; the counted local's average factor is 1.1.
     assert counted_sum == pytest.approx(1.10 / 1.04 / 1.1, rel=0.03)
     assert uncounted_sum == pytest.approx(1.10 / 1.04, rel=0.03)

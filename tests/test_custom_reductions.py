@@ -43,18 +43,18 @@ def doubled(logits, labels, ctx):
 
 # name: (custom.fn, custom.fsdp_reduce, the expected gradient: "L", "rank means" or a factor of dL)
 CALLABLES = {
-    "hf_trainer": ("examples.reductions.hf_trainer:loss", "mean", 1.0),
-    "hf_trainer_per_device": ("examples.reductions.hf_trainer:loss_per_device", "mean", "rank means"),
-    "xtuner": ("examples.reductions.xtuner:loss", "mean", 1.0),
-    "xtuner_pr1968": ("examples.reductions.xtuner:loss_pr1968", "sum", 1.0),
-    "torchtitan": ("examples.reductions.torchtitan:loss", "sum", 1.0),
-    "megatron": ("examples.reductions.megatron:loss", "sum", 1.0),
+    "hf_trainer": ("runner.trainers.hf_trainer:loss", "mean", 1.0),
+    "hf_trainer_per_device": ("runner.trainers.hf_trainer:loss_per_device", "mean", "rank means"),
+    "xtuner": ("runner.trainers.xtuner:released", "mean", 1.0),
+    "xtuner_pr1968": ("runner.trainers.xtuner:pr1968", "sum", 1.0),
+    "torchtitan": ("runner.trainers.torchtitan:loss", "sum", 1.0),
+    "megatron": ("runner.trainers.megatron:per_token", "sum", 1.0),
     "per_rank_token_mean": (f"{HERE}:per_rank_token_mean", "mean", "rank means"),
     "doubled": (f"{HERE}:doubled", "mean", 2.0),
 }
-# At sp=2 the trainers that normalise by N. (Hugging Face per device floors its count's division by the
-# context-parallel size, `num_items_in_batch // non_data_parallel_size`: not exactly the rank means.)
-AT_SP2 = ["hf_trainer", "xtuner", "torchtitan", "megatron"]
+# At sp=2 the trainers that normalise by N, and Hugging Face per device (transformers 5 divides its count by the
+# context-parallel size with true division: exactly the dp ranks' means).
+AT_SP2 = ["hf_trainer", "hf_trainer_per_device", "xtuner", "torchtitan", "megatron"]
 
 
 def custom_gradients(layout: ParallelLayout, names: list[str]) -> dict:

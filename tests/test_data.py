@@ -95,3 +95,51 @@ def test_jsonl_without_the_text_field_names_it(tmp_path):
     # The launcher refuses this before launch (tests/test_refusals.py); a rank reading it raises the same.
     with pytest.raises(ValueError, match=r"c\.jsonl line 1 has no field 'text' \(data\.text_field\); it has: body"):
         load_documents(run_config(**{"data.path": str(records)}).data)
+
+
+def _valid_tokens_batches(rule: str) -> GlobalBatches:
+    return GlobalBatches(
+        load_documents(run_config().data), seq_len=64, global_batch=16, seed=0, packing=False, valid_tokens=rule
+    )
+
+
+# (world_size, sp, grad_accum) of every layout of a 16-row, 64-position batch up to 8 ranks.
+ALL_LAYOUTS = [
+    (w, sp, ga)
+    for w in (1, 2, 4, 8)
+    for sp in (1, 2, 4)
+    for ga in (1, 2, 4)
+    if w % sp == 0 and 16 % (w // sp * ga) == 0
+]
+
+
+@pytest.mark.parametrize("rule", ["skewed", "one_empty"])
+def test_valid_tokens_masks_by_row_and_position_alone(rule):
+    full, masked = _valid_tokens_batches("full")(1), _valid_tokens_batches(rule)(1)
+    assert torch.equal(full.inputs, masked.inputs)
+    rows, positions = torch.meshgrid(torch.arange(16), torch.arange(64), indexing="ij")
+    keep = positions % (rows + 1) == 0  # row i keeps every (i+1)-th target
+    if rule == "one_empty":
+        keep &= rows < 12  # the last quarter of the rows keeps none
+    assert torch.equal(masked.labels, full.labels.masked_fill(~keep, IGNORE_INDEX))
+    for world_size, sp, grad_accum in ALL_LAYOUTS:  # every layout's shards together are the same targets
+        dp = world_size // sp
+        shares = [
+            local_micro_batches(masked, dp=dp, dp_rank=r, sp=sp, sp_rank=s, grad_accum=grad_accum)
+            for r in range(dp)
+            for s in range(sp)
+        ]
+        assert sum(mb.valid_tokens for share in shares for mb in share) == int((masked.labels != IGNORE_INDEX).sum())
+
+
+def test_skewed_counts_differ_a_lot_and_one_empty_empties_the_last_micro_batch():
+    skewed, one_empty = _valid_tokens_batches("skewed")(1), _valid_tokens_batches("one_empty")(1)
+    quarters = (skewed.labels != IGNORE_INDEX).reshape(4, -1).sum(dim=1)  # 4 micro-batches of 4 rows
+    assert quarters.min() > 0 and quarters.max() > 4 * quarters.min()
+    for world_size, sp, grad_accum in ALL_LAYOUTS:
+        dp = world_size // sp
+        last = local_micro_batches(one_empty, dp=dp, dp_rank=dp - 1, sp=sp, sp_rank=sp - 1, grad_accum=grad_accum)[-1]
+        if dp * grad_accum >= 4:
+            assert last.whole_valid_tokens == 0, (world_size, sp, grad_accum)  # every sp shard of it is empty
+        first = local_micro_batches(one_empty, dp=dp, dp_rank=0, sp=1, sp_rank=0, grad_accum=1)[0]
+        assert first.valid_tokens > 0

@@ -168,13 +168,13 @@ def test_sp_1_2_4_give_the_same_step_one(world4, references, model):
 OTHER_RULES = {
     "sum[torch_nn]": (dict(reduction="sum", autograd_all_reduce="torch_nn"), 1.0),
     "sum[identity]": (dict(reduction="sum", autograd_all_reduce="identity"), 0.5),
-    "hf_trainer": (dict(reduction="custom", custom__fn="examples.reductions.hf_trainer:loss"), 1.0),
+    "hf_trainer": (dict(reduction="custom", custom__fn="runner.trainers.hf_trainer:loss"), 1.0),
     "torchtitan": (
-        dict(reduction="custom", custom__fn="examples.reductions.torchtitan:loss", custom__fsdp_reduce="sum"),
+        dict(reduction="custom", custom__fn="runner.trainers.torchtitan:loss", custom__fsdp_reduce="sum"),
         1.0,
     ),
     "megatron": (
-        dict(reduction="custom", custom__fn="examples.reductions.megatron:loss", custom__fsdp_reduce="sum"),
+        dict(reduction="custom", custom__fn="runner.trainers.megatron:per_token", custom__fsdp_reduce="sum"),
         1.0,
     ),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.invariance import COLUMNS, invariance_summary
+from analysis.gradients.invariance import COLUMNS, invariance_summary
 
 
 def test_summary_names_the_axes_a_mode_changes_with():

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis import runs_parquet
-from analysis.load import load_sweeps
-from analysis.synthetic import SyntheticRun, write_sweep
+from analysis.load import runs_parquet
+from analysis.load.sweeps import load_sweeps
+from analysis.testing.synthetic import SyntheticRun, write_sweep
 
 
 def _sweep(tmp_path):

@@ -12,12 +12,12 @@ import torch
 from gloo_world import run_in_world
 from helpers import run_config
 
-from analysis.plots import COLORS
+from analysis.plots.curves import COLORS
 from runner.layout import ParallelLayout
-from runner.measure.comm import CollectiveCounter
 from runner.model.parallel import build_meshes
 from runner.modes import BUILT_IN, FACTS, MODES, OVER_W, TRUE, Reduction, facts, modes_where, with_extra_collectives
 from runner.train.components import build_parts
+from runner.train.counter import CollectiveCounter
 from runner.train.reduction import forward_backward
 
 GRAD_ACCUM = 3

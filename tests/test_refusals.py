@@ -165,6 +165,37 @@ REFUSALS = [
         ["experiment=cost", "autograd_all_reduce=identity"],
         ["autograd_all_reduce=identity with cost.modes=", "use autograd_all_reduce=funcol"],
     ),
+    ("an empty string", ["data.path=''"], ["data.path='' is empty", "data.path=null"]),
+    (
+        "a key the job would not read",
+        ["reduction=local", "autograd_all_reduce=identity"],
+        ["autograd_all_reduce=identity is not read by this job", "drop autograd_all_reduce"],
+    ),
+    (
+        "a trainer whose rule the job replaces",
+        ["trainer=xtuner", "reduction=sum"],
+        ["trainer=xtuner sets reduction=custom, but this job has reduction=sum"],
+    ),
+    (
+        "a model.overrides key the config class lacks",
+        ["model=hf_llama", "model.overrides.num_hidden_layer=4"],
+        ["model.overrides.num_hidden_layers"],
+    ),
+    (
+        "a rotary model's odd head size",
+        ["model=hf_llama", "model.overrides.hidden_size=12"],
+        ["rotary embeddings rotate feature pairs", "hidden_size=8 or 16"],
+    ),
+    (
+        "attention Ulysses cannot wrap",
+        ["model=hf_llama", "model.overrides.attention_dropout=0.1", "sp=2", "grad_accum=1"],
+        ["use sp=1", "attention_dropout"],
+    ),
+    (
+        "data.tokenizer a folder without tokenizer.json",
+        ["data.tokenizer={data}/no_tokenizer"],
+        ["is a folder without tokenizer.json", "give a tokenizer.json"],
+    ),
 ]
 
 
@@ -182,6 +213,8 @@ def data_dir(tmp_path_factory) -> Path:
     bert = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "num_attention_heads": 4, "vocab_size": 512}
     (folder / "bert.json").write_text(json.dumps(bert))
     train_tokenizer(folder / "tokenizer.json", 384)
+    (folder / "no_tokenizer").mkdir()
+    (folder / "no_tokenizer" / "vocab.txt").write_text("a\n")
     return folder
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import plots
 from analysis.__main__ import main as analysis_main
-from analysis.compare import Tolerances, measure
-from analysis.figures import legibility_problems, save
-from analysis.groups import assign_groups
-from analysis.load import load_sweeps
+from analysis.gradients.groups import assign_groups
+from analysis.gradients.measures import measure
+from analysis.gradients.tolerances import Tolerances
+from analysis.load.sweeps import load_sweeps
 from analysis.pipeline import analyze
-from analysis.synthetic import SyntheticRun, write_sweep
+from analysis.plots import curves as curve_plots
+from analysis.plots.figures import legibility_problems, save
+from analysis.testing.synthetic import SyntheticRun, write_sweep
 
 LAYOUT = dict(world_size=2, grad_accum=2)
 
@@ -193,7 +194,7 @@ def test_the_trainers_plots_are_legible_with_a_colour_each(tmp_path, monkeypatch
         checked[path.name] += [] if len({line.get_color() for line in lines}) == len(lines) else ["a colour twice"]
         return save(fig, path, dpi)
 
-    monkeypatch.setattr(plots, "save", checking_save)
-    plots.curves_per_group(table, curves, tmp_path)
-    assert set(checked) == {figure.file for figure in plots.CURVE_FIGURES}
+    monkeypatch.setattr(curve_plots, "save", checking_save)
+    curve_plots.curves_per_group(table, curves, tmp_path)
+    assert set(checked) == {figure.file for figure in curve_plots.CURVE_FIGURES}
     assert {name: problems for name, problems in checked.items() if problems} == {}

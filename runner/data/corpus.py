@@ -79,6 +79,16 @@ def _jsonl_texts(path: Path, text_field: str) -> list[str]:
     return documents
 
 
+def has_fields(path: str | None) -> bool:
+    """Whether the data holds records with fields (a .jsonl file): the only data `data.text_field` acts on."""
+    return path is not None and Path(path).suffix == ".jsonl" and not Path(path).expanduser().is_dir()
+
+
+def text_field_of(data) -> str:
+    """`data.text_field` where the data has fields; elsewhere the field is not read (any name does)."""
+    return data.text_field if has_fields(data.path) else "text"
+
+
 def read_texts(path: Path, text_field: str) -> list[str]:
     """Documents of a user's data: paragraphs of .txt files, or records of a .jsonl file."""
     if path.is_dir():
@@ -122,10 +132,7 @@ def load_tokenizer(path: str):
 
     file = tokenizer_file(path)
     if not file.is_file():
-        raise CorpusError(
-            f"data.tokenizer={path} does not exist; give a tokenizer.json (the `tokenizers` library's format) "
-            f"or the folder that holds one, or data.tokenizer=null for byte-level tokens"
-        )
+        raise CorpusError(_no_tokenizer_file(path, file))
     try:
         return Tokenizer.from_file(str(file))
     except Exception as error:  # the Rust side raises plain Exceptions
@@ -133,6 +140,27 @@ def load_tokenizer(path: str):
         raise CorpusError(
             f"data.tokenizer={path} is not a tokenizer.json the `tokenizers` library reads ({first_line})"
         ) from None
+
+
+def _no_tokenizer_file(path: str, file: Path) -> str:
+    """Why `data.tokenizer` names no tokenizer.json, as it is: nothing there, or a folder without one."""
+    given = Path(path).expanduser()
+    valid = "give a tokenizer.json (the `tokenizers` library's format) or the folder that holds one"
+    if not given.exists():
+        return f"data.tokenizer={path} does not exist; {valid}, or data.tokenizer=null for byte-level tokens"
+    entries = sorted(p.name for p in given.iterdir()) if given.is_dir() else []
+    held = entries[:8] + ([f"and {len(entries) - 8} more"] if len(entries) > 8 else [])
+    if (given.is_dir() and given.suffix == ".json") or file.is_dir():  # a folder named like the file
+        return f"data.tokenizer={path} is a folder, not a file; {valid}"
+    slow = [name for name in held if name in ("tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")]
+    has = f"it holds {', '.join(held)}" if held else "it is empty"
+    hint = (
+        "; those are a Hugging Face tokenizer's other files: save the fast tokenizer's tokenizer.json "
+        "(AutoTokenizer.from_pretrained(folder).save_pretrained(folder) writes one)"
+        if slow
+        else ""
+    )
+    return f"data.tokenizer={path} is a folder without tokenizer.json ({has}){hint}; {valid}"
 
 
 def tokenizer_vocab_size(path: str) -> int:

@@ -1,1 +1,2 @@
-"""What the modes cost: the collective counter, the collective floor, and the interleaved cost loop."""
+"""What the modes cost: the interleaved cost loop and the collective floor (the counter both loops use is
+`runner.train.counter`)."""

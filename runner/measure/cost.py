@@ -35,12 +35,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runner.measure.comm import CollectiveCounter
 from runner.measure.floor import collective_floor
 from runner.model.parallel import set_gradient_reduction
 from runner.modes import Reduction, facts
 from runner.record.metrics import MetricLogger, on_schedule
 from runner.train.components import RankParts
+from runner.train.counter import CollectiveCounter
 from runner.train.meter import synchronize
 from runner.train.optim import optimizer_step
 from runner.train.outcome import TrainResult, divergence

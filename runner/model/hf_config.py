@@ -74,10 +74,14 @@ def _first(config: dict, keys: tuple[str, ...]) -> tuple[str, Any] | None:
     return next(((key, config[key]) for key in keys if config.get(key) is not None), None)
 
 
-def _read_json(path_text: str) -> dict:
+def config_file(path_text: str) -> Path:
+    """The config.json `model.config` names: the file, or the one in a model folder (as from_pretrained takes)."""
     path = Path(path_text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"  # a model folder, as from_pretrained takes
+    return path / "config.json" if path.is_dir() else path
+
+
+def _read_json(path_text: str) -> dict:
+    path = config_file(path_text)
     if not path.is_file():
         raise HFConfigError(
             "model.config",
@@ -151,8 +155,7 @@ def _positive_int(value: Any) -> bool:
 def _check_sizes(config: dict, source: str) -> None:
     """The rules every attention and layer stack of transformers' causal LMs relies on, so that no size reaches
     a rank and fails there: every size a positive integer; the query heads shared by whole groups of key/value
-    heads; the width split into the heads (unless `head_dim` says otherwise), each of an even size (rotary
-    position embeddings rotate feature pairs)."""
+    heads."""
     for keys in (HEAD_KEYS, VOCAB_KEYS, KV_HEAD_KEYS, LAYER_KEYS, WIDTH_KEYS, FFN_KEYS, POSITION_KEYS, ("head_dim",)):
         found = _first(config, keys)  # an absent or null key takes the config class's default
         if found and not _positive_int(found[1]):
@@ -169,20 +172,14 @@ def _check_sizes(config: dict, source: str) -> None:
             f"model.overrides.{kv[0]}={kv[1]} key/value heads; valid {kv[0]}: {', '.join(map(str, divisors(heads)))}",
         )
     width = _first(config, WIDTH_KEYS)
-    head_dim = config.get("head_dim")
-    if head_dim is None and width and width[1] % (2 * heads):
+    if config.get("head_dim") is None and width and width[1] % heads:
         raise HFConfigError(
             "model.overrides",
             f"{source}: model.overrides.{width[0]}={width[1]} must split into model.overrides.{heads_key}={heads} "
-            f"heads of an even size (rotary embeddings rotate feature pairs): use {width[0]}="
-            f"{near_multiples(width[1], 2 * heads)}, or set model.overrides.head_dim",
+            f"heads: use {width[0]}={near_multiples(width[1], heads)}, or set model.overrides.head_dim",
         )
-    if head_dim is not None and head_dim % 2:
-        raise HFConfigError(
-            "model.overrides",
-            f"{source}: head_dim={head_dim} must be even (rotary embeddings rotate feature pairs): "
-            f"use model.overrides.head_dim={head_dim + 1}",
-        )
+    # A rotary model's heads must also be of an even size: checked against transformers' config class, which
+    # tells a rotary model from one with learned positions (`runner.sweep.hf_check`).
 
 
 def model_shape(model) -> ModelShape:

@@ -27,6 +27,12 @@ def parse_config(text: str) -> object:
     return yaml.load(text, Loader=LOADER)
 
 
+def write_config(path: Path, text: str) -> None:
+    """A job's config.yaml at `path` holding `text` (`runner.config.run_config_yaml`), and its JSON copy."""
+    path.write_text(text)
+    write_config_copy(path)
+
+
 def write_config_copy(path: Path) -> Path | None:
     """Write config.json beside `path` (a config.yaml); returns it, or None when the config has no faithful JSON form."""
     text = path.read_text()

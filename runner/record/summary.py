@@ -48,8 +48,9 @@ def versions() -> dict[str, str | None]:
     }
 
 
-def read_summary(job_dir: Path) -> dict[str, Any] | None:
-    path = job_dir / SUMMARY
+def read_summary(job_dir: Path, name: str = SUMMARY) -> dict[str, Any] | None:
+    """summary.json of `job_dir` (or another JSON record of the job, by `name`), or None when there is none."""
+    path = job_dir / name
     return json.loads(path.read_text()) if path.exists() else None
 
 

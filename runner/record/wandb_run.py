@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import RunConfig, config_container
-from runner.modes import mode_label
+from runner.modes import run_mode_label
 
 
 def has_wandb_credentials() -> bool:
@@ -39,7 +39,7 @@ def start_wandb_run(cfg: RunConfig, job_dir: Path, *, name: str, group: str, ext
         project=cfg.wandb.project,
         entity=cfg.wandb.entity,
         group=group,
-        job_type=mode_label(cfg.reduction, cfg.autograd_all_reduce, cfg.custom.fn),
+        job_type=run_mode_label(cfg),
         name=name,
         config=config,
         dir=str(job_dir),

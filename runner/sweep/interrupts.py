@@ -1,12 +1,14 @@
 """Ctrl-C (SIGINT) and SIGTERM in the launching process: stop cleanly, record, report, exit 128 + the signal.
 
-`install` makes both signals raise `Interrupted`, which Hydra's own error
-handling lets through (it is not an Exception). While a job stops its ranks
-and writes its summary.json, `held` notes further signals instead of raising
-them, so a second Ctrl-C cannot cut the record short. `runner.__main__`
-catches `Interrupted`, prints the tally line of what this invocation did, and
-exits with 130 (SIGINT) or 143 (SIGTERM), as shells report a process killed by
-that signal.
+Outside a job (Hydra composing, between the jobs of a sweep) the first of these signals raises `Interrupted`
+(`install`), which Hydra's own error handling lets through (it is not an Exception). A job runs `held`: a
+signal is noted, never raised, and the job acts on it where it can (before starting its ranks, or by stopping
+them: `runner.sweep.spawn` polls the note), then records itself and raises `Interrupted` at its end. From the
+first signal on, every later one is a note (`hold_for_good`): nothing cuts the stopping, the record or the
+report short, whatever phase the job was in. `runner.__main__` catches `Interrupted`, records any job of this
+invocation that Hydra had started but that recorded nothing (`runner.sweep.rerun.record_interrupted`), prints
+the tally line of what this invocation did, and exits with 130 (SIGINT) or 143 (SIGTERM), as shells report a
+process killed by that signal.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_noted: list[int] = []  # the signals of this process, in order of arrival, once the first has arrived
+_folders: dict[str, Path] = {}  # where this invocation's jobs go: "sweep" or "run" (`note_folder`)
 
 
 class Interrupted(BaseException):
@@ -36,28 +40,78 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+def _note(signum, frame) -> None:
+    _noted.append(signum)
+
+
 def _raise(signum, frame) -> None:
+    hold_for_good()  # before anything else runs: a second signal can only be noted now
+    _noted.append(signum)
     raise Interrupted(signum)
 
 
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def install() -> None:
-    """SIGINT and SIGTERM raise `Interrupted` in this process (signal handlers live in the main thread only)."""
-    if threading.current_thread() is threading.main_thread():
+    """SIGINT and SIGTERM raise `Interrupted` in this process (signal handlers live in the main thread only),
+    unless one has arrived already (`first_signal`): then they stay notes."""
+    if _in_main_thread() and not _noted:
         for signum in SIGNALS:
             signal.signal(signum, _raise)
 
 
+def hold_for_good() -> None:
+    """From now on SIGINT and SIGTERM are noted, never raised (the process is stopping)."""
+    if _in_main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, _note)
+
+
+def block_for_exit() -> int | None:
+    """Block SIGINT and SIGTERM at the system level (the interpreter's own shutdown restores the default
+    handlers, which would let one kill the process mid-exit), and return the first that arrived, noted or
+    pending, or None."""
+    if not hasattr(signal, "pthread_sigmask") or not _in_main_thread():
+        return first_signal()
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    pending = [signum for signum in SIGNALS if signum in signal.sigpending()]
+    return first_signal() or (pending[0] if pending else None)
+
+
+def first_signal() -> int | None:
+    """The first SIGINT or SIGTERM this process received, or None."""
+    return _noted[0] if _noted else None
+
+
 @contextmanager
-def held() -> Iterator[list[int]]:
-    """Within the block, SIGINT and SIGTERM are noted in the yielded list, not raised; the handlers before it
-    are restored after it. Outside the main thread (a launcher's worker thread) signals do not arrive anyway."""
-    caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
+def held(deliver: bool = True) -> Iterator[list[int]]:
+    """Within the block SIGINT and SIGTERM are noted in the yielded list, not raised. With `deliver`, one that
+    arrived goes to the handler before the block when the block ends; without, the caller acts on the list
+    (`take`). Outside the main thread (a launcher's worker thread) signals do not arrive anyway."""
+    arrived: list[int] = []
+    if not _in_main_thread():
+        yield arrived
         return
-    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum)) for signum in SIGNALS}
+    previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in SIGNALS}
     try:
-        yield caught
+        yield arrived
     finally:
+        if arrived and not deliver:
+            _noted.append(arrived[0])  # the caller acts on it: this process is interrupted from here on
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, _note if _noted else handler)
+        if arrived and deliver:
+            signal.raise_signal(arrived[0])  # the handler before the block acts now (after the block's work)
+
+
+def note_folder(kind: str, folder: Path) -> None:
+    """Where this invocation's jobs go: kind "sweep" (the sweep's folder) or "run" (the single run's), as Hydra
+    starts (`runner.sweep.tally.JobFolders`)."""
+    _folders[kind] = folder
+
+
+def folders() -> dict[str, Path]:
+    """{"sweep": the sweep's folder} or {"run": the single run's folder}, once Hydra has started; else {}."""
+    return dict(_folders)

@@ -1,13 +1,23 @@
-"""One Hydra job: validate, write config.yaml, start (or join) the rank world, record the outcome.
+"""One Hydra job: admit its config, weigh an earlier attempt in its folder, start (or join) the rank world,
+record the outcome.
 
-Whatever happens inside a job, it ends with a summary.json in its directory
-that records its `outcome` in this invocation (`outcome_at`), and returns
-normally, so one failed job never stops a sweep or loses the others' results.
-A single run exits 2 (EXIT_INVALID) when its config is refused or this
-machine cannot run it, before any rank starts, and 1 when the job failed or
-diverged (unless by an injected NaN), as a sweep does (`runner.sweep.tally`).
-Ctrl-C or SIGTERM stops the ranks, records the job as interrupted and raises
-`Interrupted` (`runner.sweep.interrupts`).
+In this order, so that nothing is built from a config before it passed every rule and nothing is moved or
+written before the job is sure to run:
+
+1. `runner.sweep.admission.admit`: every rule (the schema's, the config's, this machine's); a refused job
+   records `invalid` and returns (a single run exits 2, EXIT_INVALID). Its folder's earlier run, if any,
+   is left as it was (`runner.sweep.rerun.record_refusal` notes the refusal beside it).
+2. The job's name and layout, from the admitted config; a valid job this machine cannot run is skipped.
+3. Its run identity (`runner.sweep.identity`) against the folder's earlier attempt (`runner.sweep.rerun`):
+   skipped when it completed with the same identity, else the earlier files are cleared or moved aside.
+4. config.yaml (with config.json, the analysis' fast path) and summary.json's identity, then the ranks.
+
+Whatever happens inside a job, it ends with a summary.json (or refused.json) in its directory that records
+its `outcome` in this invocation (`outcome_at`), and returns normally, so one failed job never stops a sweep
+or loses the others' results; a single run exits 1 when the job failed or diverged (unless by an injected
+NaN), as a sweep does (`runner.sweep.tally`). The job runs with SIGINT and SIGTERM held
+(`runner.sweep.interrupts`): a signal stops it where it is safe to (before the ranks start, or by stopping
+them), the job records itself, and `Interrupted` is raised at its end.
 """
 
 from __future__ import annotations
@@ -16,25 +26,61 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from runner.config import rank_config, run_config_from, run_config_yaml, save_run_config
-from runner.layout import ParallelLayout
+from runner.config import rank_config
+from runner.record.config_file import write_config
 from runner.record.summary import read_summary, update_summary
 from runner.sweep import interrupts, rerun
-from runner.sweep.machine import machine_problems, machine_shortfall, usable_cpu_cores, visible_cuda_devices
+from runner.sweep.admission import Admitted, Refused, admit
+from runner.sweep.custom_check import custom_fn_facts
+from runner.sweep.identity import identity_changes, run_identity
+from runner.sweep.machine import machine_shortfall, usable_cpu_cores, visible_cuda_devices
 from runner.sweep.spawn import failure_report, run_world
 from runner.sweep.tally import ends_badly
-from runner.sweep.validate import EXIT_INVALID, InvalidConfig, config_problems, schema_problems
+from runner.sweep.validate import EXIT_INVALID, InvalidConfig
 from runner.world.env import RankEnv, rank_env
 from runner.world.worker import JobInfo, run_rank
 
 log = logging.getLogger("runner")
+
+
+@dataclass(frozen=True)
+class JobPlace:
+    """Where a job runs, from Hydra's own config (nothing here comes from the job's config)."""
+
+    job_dir: Path
+    sweep_dir: Path | None  # None for a single run
+    tag: str  # "#3" in a sweep, "run" alone
+    overrides: str  # the job's overrides, as Hydra joins them ("defaults" when none)
+    started: float
+    trainer: str | None = None  # Hydra's choice of the trainer group (trainer=NAME)
+
+    @classmethod
+    def of_hydra(cls) -> JobPlace:
+        hydra_cfg = HydraConfig.get()
+        sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+        return cls(
+            job_dir=Path(hydra_cfg.runtime.output_dir),
+            sweep_dir=Path(hydra_cfg.sweep.dir) if sweeping else None,
+            tag=f"#{hydra_cfg.job.num}" if sweeping else "run",
+            overrides=hydra_cfg.job.override_dirname or "defaults",
+            started=time.time(),
+            trainer=hydra_cfg.runtime.choices.get("trainer"),
+        )
+
+    @property
+    def sweeping(self) -> bool:
+        return self.sweep_dir is not None
+
+    @property
+    def group(self) -> str:
+        return self.sweep_dir.name if self.sweep_dir is not None else self.job_dir.name
 
 
 def record_outcome(job_dir: Path, outcome: str, **fields) -> dict:
@@ -42,78 +88,112 @@ def record_outcome(job_dir: Path, outcome: str, **fields) -> dict:
     return update_summary(job_dir, outcome=outcome, outcome_at=round(time.time(), 3), **fields)
 
 
-def run_job(hydra_task_cfg: DictConfig) -> dict:
-    hydra_cfg = HydraConfig.get()
-    job_dir = Path(hydra_cfg.runtime.output_dir)
-    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
-    tag = f"#{hydra_cfg.job.num}" if sweeping else "run"
-    name = hydra_cfg.job.override_dirname or "defaults"
-    try:
-        cfg = run_config_from(hydra_task_cfg)
-    except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
-        return _refuse(job_dir, tag, name, schema_problems(error), sweeping)
-    layout = ParallelLayout.from_config(cfg)
-    job = JobInfo(name=f"{layout} {name}", group=Path(hydra_cfg.sweep.dir).name if sweeping else job_dir.name)
+def run_job(hydra_task_cfg: DictConfig, place: JobPlace | None = None) -> dict:
+    place = place or JobPlace.of_hydra()
+    with interrupts.held(deliver=False) as arrived:
+        result = _run(hydra_task_cfg, place, arrived)
+    if arrived:
+        raise interrupts.Interrupted(arrived[0], job_dir=place.job_dir, sweep_dir=place.sweep_dir)
+    return result
 
-    config_yaml = run_config_yaml(cfg)
-    earlier = rerun.earlier_attempt(job_dir, config_yaml)
-    if earlier == "completed":
-        log.info(f"{tag} {job.name}: skipped, completed earlier in {job_dir}")
-        record_outcome(job_dir, "skipped", skip_reason="completed earlier with the same config")
-        return {"status": "skipped"}
-    if earlier == "different":
-        changes = rerun.differing_keys((job_dir / "config.yaml").read_text(), config_yaml)
-        kept = rerun.supersede(job_dir)
-        log.warning(
-            f"{tag} {job.name}: {job_dir} held an earlier run of another config ({'; '.join(changes)}); "
-            f"it is kept in {kept}, and this job runs anew"
-        )
-    if earlier == "stale":
-        rerun.clear(job_dir)
-    save_run_config(cfg, job_dir / "config.yaml")  # kept whatever happens next, invalid and skipped jobs too
+
+def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dict:
     env = rank_env()  # None: this process starts the ranks, on this machine
     cuda_devices = visible_cuda_devices() if env is None else 0
-    problems = config_problems(cfg)
-    if env is None and not problems:
-        problems = machine_problems(cfg, cuda_devices=cuda_devices, cpu_cores=usable_cpu_cores())
-    if problems:
-        return _refuse(job_dir, tag, job.name, problems, sweeping)
+    machine = {"cuda_devices": cuda_devices, "cpu_cores": usable_cpu_cores()} if env is None else None
+    verdict = admit(hydra_task_cfg, machine=machine, sweeping=place.sweeping, trainer=place.trainer)
+    if isinstance(verdict, Refused):
+        return _refuse(place, verdict)
+    cfg = verdict.cfg
+    job = JobInfo(name=f"{verdict.layout} {place.overrides}", group=place.group)  # only now: cfg is valid
 
-    if env is not None:
-        return _join_world(cfg, job_dir, env, job, sweeping, tag)
-
-    shortfall = machine_shortfall(cfg, cuda_devices)
+    shortfall = machine_shortfall(cfg, cuda_devices) if env is None else None
     if shortfall:
-        record_outcome(job_dir, "skipped", status="skipped", error=shortfall, run_name=job.name)
-        if not sweeping:
-            log.error(f"{tag} {job.name}: refused: {shortfall}")
-            raise SystemExit(EXIT_INVALID)
-        log.warning(f"{tag} {job.name}: skipped: {shortfall}")
+        return _skip_here(place, job, verdict, shortfall)
+    facts = custom_fn_facts(cfg.custom.fn) if cfg.reduction.value == "custom" else None
+    identity = run_identity(cfg, verdict.config_yaml, facts)
+    if arrived:  # stopped before anything of this attempt was written
+        rerun.record_interrupted(place.job_dir, arrived[0], since=place.started, ours=True)
+        return {"status": "failed"}
+    earlier = rerun.earlier_attempt(place.job_dir, identity)
+    if earlier == "completed":
+        log.info(f"{place.tag} {job.name}: skipped, completed earlier in {place.job_dir}")
+        record_outcome(place.job_dir, "skipped", skip_reason="completed earlier with the same identity")
         return {"status": "skipped"}
+    main_rank = env is None or env.is_main
+    if main_rank:
+        if earlier == "different":
+            _supersede(place, job, verdict.config_yaml, identity)
+        rerun.clear(place.job_dir)  # an unfinished or stale attempt's files; config.yaml and config.json anew below
+        write_config(place.job_dir / "config.yaml", verdict.config_yaml)
+        ignored = {key: reason for key, reason in verdict.ignored}
+        update_summary(place.job_dir, identity=identity, run_name=job.name, **({"ignored": ignored} if ignored else {}))
+    if env is not None:
+        return _join_world(cfg, place, env, job)
 
-    rerun.clear(job_dir)
-    log.info(f"{tag} {job.name}: {cfg.reduction.value}, {cfg.train.steps} steps -> {job_dir}")
-    outcome = run_world(cfg.world_size, job_dir, ["--name", job.name, "--group", job.group], timeout_s=cfg.timeout_s)
-    with interrupts.held():  # a second Ctrl-C must not cut the record short
-        summary = _record_world(job_dir, cfg, outcome)
-        _report(tag, job.name, summary, outcome.wall_s)
-    if outcome.interrupted:
-        sweep_dir = Path(hydra_cfg.sweep.dir) if sweeping else None
-        raise interrupts.Interrupted(outcome.interrupted, job_dir=job_dir, sweep_dir=sweep_dir)
-    if not sweeping and ends_badly(summary["status"], cfg.fault.kind):
+    log.info(f"{place.tag} {job.name}: {cfg.reduction.value}, {cfg.train.steps} steps -> {place.job_dir}")
+    outcome = run_world(
+        cfg.world_size,
+        place.job_dir,
+        ["--name", job.name, "--group", job.group],
+        timeout_s=cfg.timeout_s,
+        signals=arrived,
+    )
+    summary = _record_world(place.job_dir, cfg, outcome)
+    _report(place.tag, job.name, summary, outcome.wall_s)
+    if not place.sweeping and not arrived and ends_badly(summary["status"], cfg.fault.kind):
         raise SystemExit(1)  # after the summary is written; a sweep's tally does the same for its jobs
     return {"status": summary["status"]}
 
 
-def _refuse(job_dir: Path, tag: str, name: str, problems: list[tuple[str, str]], sweeping: bool) -> dict:
-    error = InvalidConfig(problems)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    fields = [f for f, _ in problems]
-    record_outcome(job_dir, "invalid", status="invalid", error=str(error), problems=fields, run_name=name)
-    log.error(f"{tag} {name}: {error}")
-    if not sweeping:
+def _supersede(place: JobPlace, job: JobInfo, config_yaml: str, identity: dict) -> None:
+    """The folder's earlier run, of another identity, moves aside: one line says where and what differs."""
+    old_config = place.job_dir / "config.yaml"
+    changes = rerun.differing_keys(old_config.read_text(), config_yaml) if old_config.exists() else []
+    changes += identity_changes((read_summary(place.job_dir) or {}).get("identity"), identity) if not changes else []
+    kept = rerun.supersede(place.job_dir)
+    log.warning(
+        f"{place.tag} {job.name}: {place.job_dir} held an earlier run of another identity "
+        f"({'; '.join(changes) or 'its record differs'}); it is kept in {kept}, and this job runs anew"
+    )
+
+
+def _refuse(place: JobPlace, refused: Refused) -> dict:
+    """Refused before launch: recorded `invalid`, and an earlier run in the folder left as it was."""
+    error = InvalidConfig(refused.problems)
+    fields = {"status": "invalid", "error": str(error), "problems": [f for f, _ in refused.problems]}
+    _record_not_run(place, refused.config_yaml, "invalid", fields)
+    log.error(f"{place.tag} {place.overrides}: {error}")
+    if not place.sweeping:
         raise SystemExit(EXIT_INVALID)
     return {"status": "invalid"}
+
+
+def _skip_here(place: JobPlace, job: JobInfo, admitted: Admitted, shortfall: str) -> dict:
+    """Valid, but this machine lacks what it asks for: skipped (a single run exits 2)."""
+    _record_not_run(place, admitted.config_yaml, "skipped", {"status": "skipped", "error": shortfall})
+    if not place.sweeping:
+        log.error(f"{place.tag} {job.name}: refused: {shortfall}")
+        raise SystemExit(EXIT_INVALID)
+    log.warning(f"{place.tag} {job.name}: skipped: {shortfall}")
+    return {"status": "skipped"}
+
+
+def _record_not_run(place: JobPlace, config_yaml: str | None, outcome: str, fields: dict) -> None:
+    """The record of a job that will not run. A folder holding an earlier run keeps its files untouched; a
+    sweep's tally still counts the job (refused.json beside them). Otherwise the folder holds this job's
+    config.yaml (when it composed) and summary.json."""
+    job_dir = place.job_dir
+    job_dir.mkdir(parents=True, exist_ok=True)
+    if rerun.holds_results(job_dir):
+        if place.sweeping:
+            rerun.record_refusal(job_dir, outcome, **fields)
+        log.warning(f"{place.tag} {place.overrides}: the earlier run in {job_dir} is left as it was")
+        return
+    rerun.clear(job_dir)
+    if config_yaml is not None:
+        write_config(job_dir / "config.yaml", config_yaml)
+    record_outcome(job_dir, outcome, run_name=place.overrides, **fields)
 
 
 def _record_world(job_dir: Path, cfg, outcome) -> dict:
@@ -129,7 +209,7 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
             rank, error = failure_report(job_dir, outcome.returncodes)
             root_cause = {"failed_rank": rank}
         update_summary(job_dir, status="failed", error=error, interrupted=bool(outcome.interrupted), **root_cause)
-    status = (read_summary(job_dir) or {}).get("status", "failed")  # no summary: rank 0 died before writing one
+    status = (read_summary(job_dir) or {}).get("status", "failed")  # no status: rank 0 died before writing one
     return record_outcome(
         job_dir, status, status=status, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3)
     )
@@ -153,30 +233,28 @@ def _report(tag: str, name: str, summary: dict, wall_s: float) -> None:
         log.error(f"{tag} {name}: {status} after {wall_s:.1f} s: {first_line[0] if first_line else ''}")
 
 
-def _join_world(cfg: DictConfig, job_dir: Path, env: RankEnv, job: JobInfo, sweeping: bool, tag: str) -> dict:
+def _join_world(cfg: DictConfig, place: JobPlace, env: RankEnv, job: JobInfo) -> dict:
     """This process is already one rank of a world (torchrun's or a SLURM step's): train in-process.
 
     Under torchrun the process then exits (`os._exit`, as a spawned rank does),
     after rank 0 has logged the job's outcome. A SLURM task returns its status,
     so that Hydra's submitit launcher records the job and goes on with the sweep.
     """
-    if sweeping and env.launcher != "slurm":
+    if place.sweeping and env.launcher != "slurm":
         raise SystemExit(f"under {env.launcher}, run one job per launch (drop -m); sweeps start their own rank worlds")
     if env.world_size != cfg.world_size:
         raise SystemExit(
             f"world_size={cfg.world_size} but the {env.launcher} launcher started {env.world_size} ranks; "
             f"set world_size={env.world_size} or start {cfg.world_size} ranks"
         )
-    if env.is_main:
-        rerun.clear(job_dir)
     started = time.time()
-    code = run_rank(rank_config(cfg), job_dir, env, job, started)
+    code = run_rank(rank_config(cfg), place.job_dir, env, job, started)
     if env.is_main:
-        summary = record_outcome(job_dir, (read_summary(job_dir) or {}).get("status", "failed"))
-        _report(tag, job.name, summary, time.time() - started)
+        summary = record_outcome(place.job_dir, (read_summary(place.job_dir) or {}).get("status", "failed"))
+        _report(place.tag, job.name, summary, time.time() - started)
     sys.stdout.flush()
     sys.stderr.flush()
     if env.launcher == "slurm":
-        return {"status": (read_summary(job_dir) or {}).get("status", "failed") if env.is_main else "rank"}
+        return {"status": (read_summary(place.job_dir) or {}).get("status", "failed") if env.is_main else "rank"}
     logging.shutdown()  # runner.log gets the lines above: os._exit skips the handlers' flush
     os._exit(code)

@@ -23,7 +23,7 @@ Problems = list[tuple[str, str]]
 DECODER_FIELDS = ("n_layers", "d_model", "n_heads", "ffn_hidden", "vocab_size", "rope_theta", "norm_eps", "init_std")
 
 
-def _other_architectures_fields(model: DictConfig) -> Problems:
+def other_architecture_fields(model: DictConfig) -> Problems:
     """Fields set for the other architecture, which this one would silently ignore."""
     if model.arch.value == "hf":
         defaults = ModelConfig()
@@ -53,7 +53,7 @@ def model_problems(model: DictConfig) -> tuple[ModelShape | None, Problems]:
     The own decoder: attention splits d_model into n_heads heads, and RoPE rotates pairs of features (an even
     head dim). A Hugging Face model: its config must give a causal LM (`runner.model.hf_config`).
     """
-    found = _other_architectures_fields(model)
+    found = other_architecture_fields(model)
     if model.arch.value == "hf":
         try:
             return model_shape(model), found

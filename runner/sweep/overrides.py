@@ -94,8 +94,46 @@ def fixed_overrides(args: list[str]) -> list[str]:
     ]
 
 
+def cost_job_overrides(args: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Of a sweep's fixed overrides (`fixed_overrides`), those its interleaved cost job (`experiment=cost`)
+    accepts, in order, and those it would refuse, each with why (`make run ARGS=...`: `train.steps=5` leaves
+    no step after the cost job's warm-up, `trainer=xtuner` is a custom callable the cost job cannot time)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runner.config import register_configs
+    from runner.sweep.admission import Refused, admit
+    from runner.sweep.machine import usable_cpu_cores, visible_cuda_devices
+
+    register_configs()
+    machine = {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
+
+    def problems(overrides: list[str]) -> set[str]:
+        try:
+            verdict = admit(compose("config", ["experiment=cost", *overrides]), machine=machine)
+        except (HydraException, OmegaConfBaseException) as error:
+            return {str(error).strip().splitlines()[0]}
+        return {message for _, message in verdict.problems} if isinstance(verdict, Refused) else set()
+
+    accepted, left_out = [], []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        before = problems(accepted)
+        for arg in fixed_overrides(args):
+            after = problems([*accepted, arg])
+            if after - before:
+                left_out.append((arg, "; ".join(sorted(after - before))))
+            else:
+                accepted.append(arg)
+                before = after
+    return accepted, left_out
+
+
 if __name__ == "__main__":
-    # `python -m runner.sweep.overrides ARGS...` prints the fixed ones (the Makefile's `make run` uses it).
+    # `python -m runner.sweep.overrides ARGS...` prints the fixed ones the cost job accepts (the Makefile's
+    # `make run` passes them to it), and says on stderr which it left out and why.
     import sys
 
-    print(" ".join(fixed_overrides(quote_home_paths(sys.argv[1:]))))
+    accepted, left_out = cost_job_overrides(quote_home_paths(sys.argv[1:]))
+    for arg, why in left_out:
+        print(f"make run: the cost job leaves out {arg} ({why})", file=sys.stderr)
+    print(" ".join(accepted))

@@ -2,7 +2,7 @@
 
 Hydra's basic sweeper already refuses a sweep in which some job's config
 cannot be composed (unknown key, wrong type, bad enum value). This callback
-adds the rules of `runner.sweep.validate` (cross-field, data, and this machine's):
+adds the rules every job is admitted by (`runner.sweep.admission`: cross-field, data, and this machine's):
 it lists the jobs that break them (each is then recorded as `invalid` without
 starting a process) and stops the sweep when no job is valid. On SLURM (`hydra/launcher=slurm` or
 `submitit_slurm`) it also refuses, before anything is submitted, a sweep whose
@@ -20,9 +20,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.config import run_config_from
-from runner.sweep.machine import machine_problems, usable_cpu_cores, visible_cuda_devices
-from runner.sweep.validate import config_problems, schema_problems
+from runner.sweep.admission import Admitted, Refused, admit
+from runner.sweep.custom_check import check_all
+from runner.sweep.ignored import swept_notes
+from runner.sweep.machine import usable_cpu_cores, visible_cuda_devices
+from runner.sweep.validate import schema_problems
 
 log = logging.getLogger("runner")
 
@@ -61,14 +63,10 @@ def slurm_shape_problems(launcher: DictConfig, world_sizes: list[int]) -> list[s
 class SweepPreflight(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         jobs = sweep_jobs(config)
-        configs, invalid = [], []
-        for number, overrides in enumerate(jobs):
-            try:
-                configs.append(run_config_from(compose(config.hydra.job.config_name, overrides)))
-            except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
-                configs.append(None)
-                invalid.append(_line(number, overrides, schema_problems(error)))
-        shape = slurm_shape_problems(config.hydra.launcher, [cfg.world_size for cfg in configs if cfg is not None])
+        composed = [_compose(config.hydra.job.config_name, overrides) for overrides in jobs]
+        trainers = [None if isinstance(job, Refused) else job.hydra.runtime.choices.get("trainer") for job in composed]
+        world_sizes = [job.get("world_size") for job in composed if not isinstance(job, Refused)]
+        shape = slurm_shape_problems(config.hydra.launcher, [w for w in world_sizes if isinstance(w, int)])
         if shape:
             log.error(
                 "preflight: the SLURM launcher's shape does not fit these jobs, nothing was submitted:\n"
@@ -81,23 +79,55 @@ class SweepPreflight(Callback):
             if is_slurm(config.hydra.launcher)
             else {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
         )
-        for number, (overrides, cfg) in enumerate(zip(jobs, configs)):
-            if cfg is None:
-                continue
-            problems = config_problems(cfg)
-            if here and not problems:
-                problems = machine_problems(cfg, **here)
-            if problems:
-                invalid.append(_line(number, overrides, problems))
+        # Every distinct custom.fn in one subprocess (`check_all`): the imports its rules share are paid once.
+        check_all(
+            [
+                str(job.custom.fn)
+                for job in composed
+                if not isinstance(job, Refused) and job.get("reduction") == "custom" and job.custom.get("fn")
+            ]
+        )
+        # The jobs' own rules (`admit`): a job listed here as invalid is refused by the same call when it starts.
+        verdicts = [
+            job if isinstance(job, Refused) else admit(job, machine=here, sweeping=True, trainer=trainer)
+            for job, trainer in zip(composed, trainers)
+        ]
+        admitted = [(n, v.cfg, v.ignored) for n, v in enumerate(verdicts) if isinstance(v, Admitted)]
+        notes, unread = swept_notes(admitted)
+        if unread:
+            log.error("preflight: " + "; ".join(message for _, message in unread) + "; nothing was started")
+            raise SystemExit(2)
+        for note in notes:
+            log.warning(f"preflight: {note}")
+        overridden = sorted(
+            {t for t, v in zip(trainers, verdicts) if isinstance(v, Refused) and t and "trainer" in dict(v.problems)}
+        )
+        to_trainers = (
+            f"\nto run these trainers' rules: python -m runner -m experiment=trainers trainer={','.join(overridden)}"
+            if overridden
+            else ""
+        )
+        invalid = [
+            _line(number, overrides, verdict.problems)
+            for number, (overrides, verdict) in enumerate(zip(jobs, verdicts))
+            if isinstance(verdict, Refused)
+        ]
         if not invalid:
             log.info(f"preflight: all {len(jobs)} jobs are valid")
             return
-        report = "\n".join(invalid)
+        report = "\n".join(invalid) + to_trainers
         if len(invalid) == len(jobs):
             log.error(f"preflight: no job of this sweep is valid, nothing was started:\n{report}")
             # Hydra turns a callback's exceptions into warnings; SystemExit is not an Exception.
             raise SystemExit(2)
         log.warning(f"preflight: {len(invalid)} of {len(jobs)} jobs are invalid and will not start:\n{report}")
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig | Refused:
+    try:
+        return compose(config_name, overrides, return_hydra_config=True)
+    except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
+        return Refused(schema_problems(error), None)
 
 
 def _line(number: int, overrides: list[str], problems: list[tuple[str, str]]) -> str:

@@ -1,22 +1,31 @@
 """A job directory that already holds an earlier attempt: keep it, retry it, or move it aside; never overwrite
-a finished job silently.
+or mix in a finished job silently.
 
-- the same config, completed: the job is skipped (the sweep's tally counts it as skipped);
-- the same config, not completed: its files are cleared and it runs again;
-- another config that ran (a changed `data.path`, say, in a rerun into the same sweep directory): the
-  earlier attempt's files move to `superseded/<job>-<time>/` beside the job directory, whatever its status,
-  and the log names the keys that differ. The analysis reads job directories only, so it sees the new run
-  alone. Another config that never ran (refused, or skipped) is cleared.
+The attempt is judged by its run identity (`runner.sweep.identity`, summary.json's `identity`: the resolved
+config, the data's, tokenizer's, model config's and callable's content, the packages' versions):
+
+- the same identity, completed: the job is skipped (the sweep's tally counts it as skipped);
+- the same identity, not completed (failed, diverged, interrupted): its files are cleared and it runs again;
+- another identity (a changed `data.path`, the same path with other contents, another torch), or none
+  recorded, where the attempt ran: its files move to `superseded/<job>-<time>/` beside the job directory,
+  whatever its status, and one log line names what differs. The analysis reads job directories only, so it
+  sees the new run alone. An attempt that never ran (refused, skipped, interrupted before its ranks) is cleared.
+
+Only a job that will run moves an earlier attempt: one refused before launch (or skipped on this machine)
+leaves the folder's files as they were and records its outcome in refused.json beside them, for the tally
+(`record_refusal`).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import signal
 import time
 from pathlib import Path
 
 from runner.record.config_file import parse_config
-from runner.record.summary import read_summary
+from runner.record.summary import read_summary, update_summary
 
 # What a job writes into its directory (Hydra's own .hydra/ and runner.log belong to the new job).
 JOB_FILES = (
@@ -29,20 +38,28 @@ JOB_FILES = (
     "logs",
     "wandb",
 )
+REFUSED = "refused.json"  # this invocation's refusal of a job whose folder holds an earlier run (for the tally)
 SUPERSEDED = "superseded"
 
 
-def earlier_attempt(job_dir: Path, config_yaml: str) -> str:
-    """What the directory holds: "none"; "completed" or "unfinished" (the same config); "different" (another
-    config that ran: its results are kept); "stale" (another config that never ran: invalid or skipped)."""
-    config_file = job_dir / "config.yaml"
-    if not config_file.exists():
-        return "none"
+def holds_results(job_dir: Path) -> bool:
+    """Whether the folder holds an attempt that ran (its ranks started): its results are never overwritten."""
     status = (read_summary(job_dir) or {}).get("status")
-    if config_file.read_text() != config_yaml:
-        ran = status in ("completed", "failed", "diverged") or (job_dir / "metrics.jsonl").exists()
-        return "different" if ran else "stale"
-    return "completed" if status == "completed" else "unfinished"
+    return status in ("completed", "failed", "diverged") or (job_dir / "metrics.jsonl").exists()
+
+
+def earlier_attempt(job_dir: Path, identity: dict) -> str:
+    """What the directory holds: "none"; "completed" or "unfinished" (an attempt with this identity);
+    "different" (another identity, or none recorded, that ran: its results are kept); "stale" (an attempt that
+    never ran: refused, skipped, interrupted before its ranks started)."""
+    summary = read_summary(job_dir)
+    if summary is None and not (job_dir / "config.yaml").exists():
+        return "none"
+    if not holds_results(job_dir):
+        return "stale"
+    if (summary or {}).get("identity", {}).get("digest") != identity["digest"]:
+        return "different"
+    return "completed" if summary.get("status") == "completed" else "unfinished"
 
 
 def differing_keys(old_yaml: str, new_yaml: str) -> list[str]:
@@ -76,16 +93,66 @@ def supersede(job_dir: Path) -> Path:
     for name in JOB_FILES:
         if (job_dir / name).exists():
             shutil.move(str(job_dir / name), str(target / name))
+    (job_dir / REFUSED).unlink(missing_ok=True)
     return target
 
 
 def clear(job_dir: Path) -> None:
-    """An unfinished attempt of the same config starts again clean."""
-    for name in JOB_FILES:
-        if name == "config.yaml":
-            continue
+    """An attempt that did not complete, or never ran, makes way for this one: its files are removed."""
+    for name in (*JOB_FILES, REFUSED):
         path = job_dir / name
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def record_refusal(job_dir: Path, outcome: str, **fields) -> None:
+    """refused.json: a job refused (or skipped) in this invocation, beside an earlier run's files left as they were."""
+    record = {"outcome": outcome, "outcome_at": round(time.time(), 3), **fields}
+    tmp = job_dir / f"{REFUSED}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(job_dir / REFUSED)
+
+
+def recorded_since(job_dir: Path, since: float) -> bool:
+    """Whether the job recorded its outcome in the invocation that started at `since`."""
+    outcomes = (
+        (read_summary(job_dir) or {}).get("outcome_at", 0),
+        (read_summary(job_dir, REFUSED) or {}).get("outcome_at", 0),
+    )
+    return max(outcomes) >= since
+
+
+def record_interrupted(job_dir: Path, signum: int, since: float, *, ours: bool = False) -> None:
+    """summary.json of a job of this invocation (started at `since`; `ours`: the caller is that job) that a
+    signal stopped before it recorded anything, unless its folder holds an earlier run's results: those are
+    left as they were."""
+    if not job_dir.is_dir() or not (ours or started_since(job_dir, since)) or recorded_since(job_dir, since):
+        return
+    if holds_results(job_dir):
+        return
+    clear(job_dir)
+    update_summary(
+        job_dir,
+        status="failed",
+        interrupted=True,
+        error=f"interrupted ({signal.Signals(signum).name}) before its ranks started; a rerun into this directory runs it",
+        outcome="failed",
+        outcome_at=round(time.time(), 3),
+    )
+
+
+def started_since(job_dir: Path, since: float) -> bool:
+    """Whether Hydra made or started this job folder in the invocation that started at `since`: the folder, or
+    what Hydra writes into it before it calls the job (.hydra/), changed since."""
+    marks = [job_dir, job_dir / ".hydra", job_dir / ".hydra" / "overrides.yaml"]
+    return any(mark.exists() and mark.stat().st_mtime >= since for mark in marks)
+
+
+def jobs_started_since(sweep_dir: Path, since: float) -> list[Path]:
+    """The job folders of `sweep_dir` that Hydra made or started in the invocation that started at `since`."""
+    if not sweep_dir.is_dir():
+        return []
+    folders = (p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != SUPERSEDED)
+    return [job for job in sorted(folders) if not job.name.startswith("analysis") and started_since(job, since)]

@@ -3,11 +3,13 @@
 Every rank's output goes to JOB_DIR/logs/rank<r>.log; rank 0's is also echoed
 to this terminal, with each distinct framework warning shown once per sweep.
 When a rank fails, the others are stopped (they would wait in a collective
-forever); past the timeout, all are.
+forever); past the timeout, all are. Ranks start with SIGINT blocked: a Ctrl-C
+is the launcher's (`runner.sweep.interrupts`), which stops them with SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +59,22 @@ def _echo(stream, log_file) -> None:
         sys.stdout.flush()
 
 
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT blocked in this thread for the block, and so in a process it starts (a signal mask survives exec):
+    a terminal's Ctrl-C reaches the whole process group, but a rank leaves it to the launcher, which stops the
+    ranks (SIGTERM) and records the job, instead of dying mid-import with a traceback. A SIGINT that arrives
+    meanwhile waits, and reaches this process's handler when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _wait_for_exit(processes: Sequence[subprocess.Popen], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
@@ -74,12 +92,27 @@ def _stop(processes: Sequence[subprocess.Popen], grace_s: float = 0.0) -> None:
 
 
 def run_world(
-    world_size: int, job_dir: Path, worker_args: Sequence[str], *, timeout_s: float, module: str = "runner.world.worker"
+    world_size: int,
+    job_dir: Path,
+    worker_args: Sequence[str],
+    *,
+    timeout_s: float,
+    module: str = "runner.world.worker",
+    signals: list[int] | None = None,
 ) -> WorldOutcome:
     """Run `python -m MODULE JOB_DIR *worker_args --spawned-at T` as ranks 0..world_size-1 and wait.
 
-    MODULE is the job's worker; a benchmark passes a stand-in rank program.
+    MODULE is the job's worker; a benchmark passes a stand-in rank program. `signals` is the caller's
+    `interrupts.held(deliver=False)` list: a SIGINT or SIGTERM noted there stops the ranks (polled every
+    0.1 s, never raised mid-way) and the outcome says so. Without it, the world holds signals itself and
+    delivers one after the ranks are stopped and the logs closed.
     """
+    holding = contextlib.nullcontext(signals) if signals is not None else interrupts.held()
+    with holding as arrived:
+        return _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived)
+
+
+def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: list[int]) -> WorldOutcome:
     logs = job_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # A FileStore in a fresh folder: no fixed port, no clash between concurrent sweeps.
@@ -89,12 +122,9 @@ def run_world(
     echo_thread = None
     started = time.monotonic()
     timed_out, interrupted = False, 0
-    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
-    previous = {signum: signal.getsignal(signum) for signum in interrupts.SIGNALS} if in_main_thread else {}
-    interrupts.install()  # SIGINT and SIGTERM raise Interrupted while the ranks run
     try:
         spawned_at = f"{time.time():.6f}"
-        for rank in range(world_size):
+        for rank in range(world_size if not arrived else 0):
             environ = spawned_rank_environ(
                 os.environ, rank=rank, world_size=world_size, rendezvous_file=os.path.join(rendezvous_dir, "store")
             )
@@ -102,16 +132,21 @@ def run_world(
             log_files.append(log_file)
             echo = rank == 0
             command = [sys.executable, "-m", module, str(job_dir), *worker_args, "--spawned-at", spawned_at]
-            processes.append(
-                subprocess.Popen(
-                    command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT
+            with _sigint_blocked():  # the rank is born with SIGINT blocked: Ctrl-C is the launcher's to act on
+                processes.append(
+                    subprocess.Popen(
+                        command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT
+                    )
                 )
-            )
             if echo:
                 echo_thread = threading.Thread(target=_echo, args=(processes[0].stdout, log_file), daemon=True)
                 echo_thread.start()
         deadline = started + timeout_s
-        while any(p.poll() is None for p in processes):
+        while arrived or any(p.poll() is None for p in processes):
+            if arrived:
+                interrupted = arrived[0]
+                _stop(processes)
+                break
             if any(p.poll() not in (None, 0) for p in processes):
                 # Survivors may be recording the same error, or blocked in a collective with the dead rank.
                 _stop(processes, grace_s=_GRACE_S)
@@ -121,18 +156,15 @@ def run_world(
                 _stop(processes)
                 break
             time.sleep(_POLL_S)
-    except (interrupts.Interrupted, KeyboardInterrupt) as interruption:
-        interrupted = getattr(interruption, "signum", signal.SIGINT)
-        with interrupts.held():  # a second Ctrl-C must not leave ranks running
-            _stop(processes)
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        _stop(processes)  # whatever happened above (nothing, unless this process failed): no rank left running
         if echo_thread is not None:
             echo_thread.join(timeout=5.0)
         for log_file in log_files:
             log_file.close()
         shutil.rmtree(rendezvous_dir, ignore_errors=True)
+    if arrived and not interrupted:  # during the last poll or the clean-up: the job still ended as it did
+        interrupted = arrived[0] if any(code != 0 for code in (p.poll() for p in processes)) else 0
     return WorldOutcome([p.poll() for p in processes], timed_out, interrupted, time.monotonic() - started)
 
 

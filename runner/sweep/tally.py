@@ -22,6 +22,8 @@ from omegaconf import DictConfig
 
 from runner.record.config_file import read_config
 from runner.record.summary import STATUSES, read_summary
+from runner.sweep import interrupts
+from runner.sweep.rerun import REFUSED
 from runner.sweep.validate import EXIT_INVALID
 
 log = logging.getLogger("runner")
@@ -50,20 +52,30 @@ def tally(sweep_dir: Path, since: float | None = None) -> Tally:
     """
     counts: Counter = Counter({status: 0 for status in STATUSES})
     bad, ran, unrunnable = [], 0, 0
-    for job in sorted(p for p in sweep_dir.iterdir() if not p.name.startswith(".") and (p / "config.yaml").exists()):
+    for job in sorted(p for p in sweep_dir.iterdir() if not p.name.startswith(".") and _is_job(p)):
         summary = read_summary(job) or {}
-        if since is not None and summary.get("outcome_at", 0) < since:
+        refused = read_summary(job, REFUSED) or {}
+        if since is not None and refused.get("outcome_at", 0) >= since:
+            summary = refused  # refused in this invocation, beside an earlier run's files (`runner.sweep.rerun`)
+        elif since is not None and summary.get("outcome_at", 0) < since:
             if summary or (job / "config.yaml").stat().st_mtime < since:
                 continue  # an earlier invocation's job; a job of this one with no summary never finished
         outcome = summary.get("outcome", summary.get("status", "failed"))
         counts[outcome] += 1
-        fault_kind = (read_config(job / "config.yaml") or {}).get("fault", {}).get("kind")
+        config = read_config(job / "config.yaml") if (job / "config.yaml").exists() else None
+        fault_kind = (config or {}).get("fault", {}).get("kind")
         if ends_badly(outcome, fault_kind):
             bad.append(f"{job.name} ({outcome})")
         machine_skip = outcome == "skipped" and summary.get("status") == "skipped"
         unrunnable += outcome == "invalid" or machine_skip
         ran += 1
     return Tally(counts, bad, unrunnable=ran > 0 and unrunnable == ran)
+
+
+def _is_job(folder: Path) -> bool:
+    """A job's folder: it holds the job's config or a record of it (one interrupted before its config was
+    written has summary.json alone)."""
+    return any((folder / name).exists() for name in ("config.yaml", "summary.json", REFUSED))
 
 
 class SweepTally(Callback):
@@ -84,3 +96,14 @@ class SweepTally(Callback):
             log.error(f"sweep: {result.line()} -> {sweep_dir}; no job could run here")
             raise SystemExit(EXIT_INVALID)
         log.info(f"sweep: {result.line()} -> {sweep_dir}")
+
+
+class JobFolders(Callback):
+    """Notes where this invocation's jobs go, as Hydra starts, so that a signal anywhere (in Hydra's own start of
+    a job, between the jobs) still finds the jobs to record and the sweep to tally (`runner.__main__`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        interrupts.note_folder("run", Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        interrupts.note_folder("sweep", Path(config.hydra.sweep.dir))

@@ -11,8 +11,10 @@ are in `runner.sweep.machine`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
+from typing import get_type_hints
 
 from omegaconf import DictConfig
 
@@ -20,9 +22,11 @@ from runner.config import FAULT_KINDS, RunConfig
 from runner.data.corpus import CorpusError, corpus_problem, tokenizer_vocab_size
 from runner.layout import ParallelLayout
 from runner.modes import custom_expectation
-from runner.ranges import range_problems
+from runner.ranges import range_problems, unoptional, value_at
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
+from runner.sweep.hf_check import hf_class_problems
+from runner.sweep.ignored import ignored_key_problems
 from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
 from runner.sweep.overrides import schema_keys
 
@@ -38,13 +42,14 @@ class InvalidConfig(ValueError):
         super().__init__(f"invalid config ({fields}):\n{lines}")
 
 
-def config_problems(cfg: DictConfig) -> Problems:
+def config_problems(cfg: DictConfig, *, sweeping: bool = False, explained: tuple[str, ...] = ()) -> Problems:
     """(field, message) pairs for every rule the config breaks.
 
-    Fields outside their ranges are reported alone: the rules between fields
-    assume each field is in range (an sp of 0 divides nothing).
+    Fields outside their ranges, and empty strings, are reported alone: the rules
+    between fields assume each field is in range (an sp of 0 divides nothing) and
+    each path names something (`Path("")` is the working folder).
     """
-    problems = range_problems(cfg, RunConfig)
+    problems = range_problems(cfg, RunConfig) + empty_problems(cfg)
     if problems:
         return problems
     shape, problems = model_problems(cfg.model)
@@ -54,12 +59,16 @@ def config_problems(cfg: DictConfig) -> Problems:
         n_heads=shape.heads if shape else None,
         heads_field=shape.heads_field if shape else "model.n_heads",
     )
+    if shape is not None and cfg.model.arch.value == "hf":
+        problems += hf_class_problems(cfg)  # transformers' config class, asked in a subprocess
     problems += positions_problems(cfg, shape)
     problems += _data_problems(cfg.data, seq_len=cfg.train.seq_len)
     problems += vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)
     problems += _fault_problems(cfg)
+    # Keys this job would not read (`runner.sweep.ignored`; `explained`: keys a trainer's message covers).
+    problems += ignored_key_problems(cfg, sweeping=sweeping, besides=explained)[0]
     if cfg.wandb.mode.value == "online" and not has_wandb_credentials():
         problems.append(
             (
@@ -69,6 +78,31 @@ def config_problems(cfg: DictConfig) -> Problems:
             )
         )
     return problems
+
+
+def string_fields(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, bool]]:
+    """(dotted name, whether null is valid) of every string field of the schema."""
+    found = []
+    hints = get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        kind = unoptional(hints[field.name])
+        if dataclasses.is_dataclass(kind):
+            found += string_fields(kind, f"{prefix}{field.name}.")
+        elif kind is str:
+            found.append((f"{prefix}{field.name}", kind is not hints[field.name]))
+    return found
+
+
+def empty_problems(cfg: DictConfig) -> Problems:
+    """A string field given as '' (or blanks) names nothing: `data.path=''` would read every .txt file under the
+    working folder. The message says what the field takes, and null where null is valid."""
+    found = []
+    for name, nullable in string_fields():
+        value = value_at(cfg, name)
+        if isinstance(value, str) and not value.strip():
+            off = f", or {name}=null" if nullable else ""
+            found.append((name, f"{name}={value!r} is empty; give a value{off} (`python -m runner --help`)"))
+    return found
 
 
 def validate(cfg: DictConfig) -> None:
@@ -169,12 +203,7 @@ def _fault_problems(cfg: DictConfig) -> Problems:
         return [("fault.kind", f"fault.kind={fault.kind} is not a fault; valid: {', '.join(FAULT_KINDS)}")]
     if fault.kind == "none":
         return []
-    found = []
-    if cfg.cost.modes:
-        modes = [m.value for m in cfg.cost.modes]
-        found.append(
-            ("fault.kind", f"fault.kind={fault.kind} needs a training job; cost.modes must be empty (it is {modes})")
-        )
+    found = []  # a cost job reads no fault.* (`runner.sweep.ignored`)
     if fault.rank >= cfg.world_size:
         found.append(
             (
@@ -199,7 +228,7 @@ def custom_problems(cfg: DictConfig) -> Problems:
     found = []
     if cfg.custom.fn is None:
         found.append(
-            ("custom.fn", "reduction=custom needs custom.fn=MODULE:CALLABLE, e.g. examples.reductions.torchtitan:loss")
+            ("custom.fn", "reduction=custom needs custom.fn=MODULE:CALLABLE, e.g. runner.trainers.megatron:per_token")
         )
     else:
         problem = custom_fn_problem(cfg.custom.fn)  # a subprocess, once per callable: the module may import torch

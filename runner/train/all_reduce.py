@@ -15,7 +15,9 @@ FSDP2 then averages the parameter gradients over the W ranks: a SUM backward
 gives (1/W) * W * dL = dL, an identity backward (1/W) * dL, the gradient of
 `local`, which has no collective at all. So with an identity backward the
 collective changes the forward value only. tests/test_all_reduce.py measures
-each backward in a gloo world.
+each backward in a gloo world, and every run with an all-reduce in its graph
+measures the chosen one's once at its start (`measured_backward`, recorded in
+summary.json), so a torch whose backward differs is caught, not assumed.
 
 `torch.distributed.nn.functional.all_reduce` warns (FutureWarning) on every
 call in torch 2.13. The first warning goes through (the rank's log shows it
@@ -79,3 +81,25 @@ def differentiable_all_reduce(
     if implementation is AutogradAllReduce.identity:
         return _SumForwardIdentityBackward.apply(tensor, group)
     raise ValueError(f"autograd_all_reduce={implementation}: valid: {', '.join(a.value for a in AutogradAllReduce)}")
+
+
+def measured_backward(
+    implementation: AutogradAllReduce, group: dist.ProcessGroup, device: torch.device, expected: float
+) -> dict:
+    """What `implementation`'s backward gives a 1-element input on each rank when every rank seeds 1 (W for a SUM
+    backward, 1 for identity), measured here once; for summary.json's `all_reduce_backward`. Collective: every
+    rank of `group` calls it."""
+    seed = torch.ones(1, device=device, requires_grad=True)
+    differentiable_all_reduce(seed, group, implementation).backward(torch.ones(1, device=device))
+    quiet_torch_nn_deprecation()
+    factors = [torch.zeros(1, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(factors, seed.grad.detach(), group=group)
+    per_rank = [factor.item() for factor in factors]
+    return {
+        "implementation": implementation.value,
+        "factor": per_rank[0],
+        "per_rank": per_rank,
+        "expected": expected,
+        "as_expected": all(factor == expected for factor in per_rank),
+        "torch": torch.__version__,
+    }

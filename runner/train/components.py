@@ -18,7 +18,7 @@ from runner.data.batches import Batch, GlobalBatches, load_documents, local_micr
 from runner.layout import ParallelLayout
 from runner.model.parallel import Meshes, parallelize
 from runner.model.registry import build_model
-from runner.modes import Reduction, fsdp_reduction_of
+from runner.modes import ALL_REDUCE_BACKWARD, AutogradAllReduce, Reduction, fsdp_reduction_of, has_graph_all_reduce
 from runner.train.optim import build_optimizer, lr_at, set_lr
 from runner.train.reduction import LossReducer
 
@@ -65,10 +65,48 @@ class RankParts:
             from runner.callables import resolve_callable
             from runner.train.custom import CustomReducer
 
-            return CustomReducer(resolve_callable(cfg.custom.fn), cfg.custom.fn, self.meshes, cfg.grad_accum)
-        return LossReducer(
-            mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=cfg.autograd_all_reduce
-        )
+            from runner.train.custom_rule import CONFIGURED
+
+            fn = resolve_callable(cfg.custom.fn)
+            # ctx.all_reduce uses autograd_all_reduce for a rule that declares graph_all_reduce="configured"; the
+            # launcher refuses the key for any other rule (`runner.sweep.ignored`).
+            configured = getattr(fn, "graph_all_reduce", None) == CONFIGURED
+            all_reduce = cfg.autograd_all_reduce if configured else AutogradAllReduce.funcol
+            return CustomReducer(
+                fn, cfg.custom.fn, self.meshes, cfg.grad_accum, autograd_all_reduce=all_reduce, timeout_s=cfg.dist.timeout_s
+            )
+        # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
+        all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
+        return LossReducer(mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=all_reduce)
+
+    def graph_all_reduce(self) -> AutogradAllReduce | None:
+        """The differentiable all-reduce in this run's graph: `sum`'s `autograd_all_reduce`, or the one a custom
+        rule declares (`runner.train.custom_rule`); None: there is none."""
+        cfg = self.cfg
+        if cfg.reduction is Reduction.custom:
+            from runner.callables import resolve_callable
+            from runner.train.custom_rule import graph_all_reduce_of
+
+            return graph_all_reduce_of(resolve_callable(cfg.custom.fn), lambda: cfg.autograd_all_reduce)
+        return cfg.autograd_all_reduce if has_graph_all_reduce(cfg.reduction) else None
+
+    def provenance(self) -> dict:
+        """summary.json's record of the code this run's gradient rests on (collective: every rank calls it):
+        `all_reduce_backward`, the graph's all-reduce's backward as measured here at the start, and for a
+        custom rule `custom_upstream`, the packages (with the versions that ran) and sources it follows."""
+        from runner.train.all_reduce import measured_backward
+
+        facts = {}
+        implementation = self.graph_all_reduce()
+        if implementation is not None:
+            expected = float(self.layout.world_size) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0
+            facts["all_reduce_backward"] = measured_backward(implementation, self.group, self.device, expected)
+        if self.cfg.reduction is Reduction.custom:
+            from runner.callables import resolve_callable
+            from runner.train.custom_rule import upstream_records
+
+            facts["custom_upstream"] = upstream_records(resolve_callable(self.cfg.custom.fn))
+        return facts
 
 
 def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankParts:
@@ -80,8 +118,10 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
         seed=cfg.seed,
         packing=cfg.data.packing,
         separator=packing_separator(cfg.data),
+        valid_tokens=cfg.data.valid_tokens,
     )
-    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value)
+    custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
+    fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)

@@ -20,13 +20,15 @@ outright loses them: at most gather_every - 1 steps).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from runner.data.batches import Batch, micro_batch_token_range
-from runner.measure.comm import add_counts
 from runner.record.metrics import MetricLogger, on_schedule, progress_line
 from runner.train import fault
 from runner.train.components import RankParts
+from runner.train.counter import add_counts
 from runner.train.gradients import GradientSketch
 from runner.train.meter import StepMeter, world_gather
 from runner.train.optim import optimizer_step
@@ -137,6 +139,12 @@ def train(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
     for step in range(1, parts.cfg.train.steps + 1):
         record = trainer.step(step)
         result.steps_done, result.final_loss = step, record["loss"]
+        if not math.isfinite(record["reported_loss"]):
+            if not result.reported_not_finite and logger is not None:
+                print(
+                    f"reported loss not finite at step {step}: {record['reported_loss']} (training goes on)", flush=True
+                )
+            result.reported_not_finite.append(step)
         stop = divergence(step, record["loss"], record["grad_norm"])
         if stop is not None:
             result.status, result.error = "diverged", stop

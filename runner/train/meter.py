@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from runner.config import MetricsConfig, counted_step
-from runner.measure.comm import CollectiveCounter
+from runner.train.counter import CollectiveCounter
 
 
 def synchronize(device: torch.device) -> None:

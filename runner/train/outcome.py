@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -16,6 +16,9 @@ class TrainResult:
     final_loss: float | None
     error: str | None = None
     peak_rss_mib: list[float] | None = None  # per rank, filled in at the end of the loop
+    # Steps whose reported loss (what the mode or rule logs) was not finite, e.g. a rule's 0 / 0 over a
+    # micro-batch without targets: training goes on (the gradient decides divergence), the record says so.
+    reported_not_finite: list[int] = field(default_factory=list)
 
 
 def divergence(step: int, loss: float, grad_norm: float) -> str | None:

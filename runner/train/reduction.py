@@ -78,7 +78,7 @@ def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, de
 
 class LossReducer:
     """Per-step state of one mode: `start_step` and `plan_step`, then `micro_batch_loss` per micro-batch, then
-    `finish_step` once."""
+    `finish_gradients` and `finish_step` once."""
 
     def __init__(
         self,
@@ -133,6 +133,10 @@ class LossReducer:
             return self.sp * mean
         return local  # local, fsdp_sum
 
+    def finish_gradients(self, model: torch.nn.Module) -> None:
+        """After the last backward (FSDP has reduced the gradients), before clipping and the optimizer: the
+        runner's modes leave the gradients as they are (a custom rule's hook may not: `runner.train.custom`)."""
+
     def finish_step(self) -> StepLoss:
         if self.mode in (Reduction.sum, Reduction.detached):
             loss = reported = self.loss_sum.item()
@@ -153,4 +157,5 @@ def forward_backward(
     for micro in micro_batches:
         logits = model(micro.inputs.to(device), position_offset=micro.position_offset)
         reducer.micro_batch_loss(logits, micro.labels.to(device), micro).backward()
+    reducer.finish_gradients(model)
     return reducer.finish_step()

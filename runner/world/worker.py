@@ -102,7 +102,8 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             run = start_wandb_run(
                 cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
             )
-            logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=cfg.wandb.log_every)
+            charted_every = cfg.wandb.log_every if run is not None else 1  # read only when there is a W&B run
+            logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=charted_every)
         marks["init"] = time.time()
         phases = zip([process_started, *init_marks], [*init_marks, marks["init"]])
         imports, process_group, wandb_init = (b - a for a, b in phases)
@@ -112,6 +113,15 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             "wandb": round(wandb_init, 3),
         }
         parts = build_parts(cfg, meshes, device)
+        summary.update(parts.provenance())
+        measured = summary.get("all_reduce_backward")
+        if env.is_main and measured and not measured["as_expected"]:
+            print(
+                f"[warning] {measured['implementation']}'s backward gave {measured['per_rank']} per rank with torch "
+                f"{measured['torch']}, not {measured['expected']:g}: this run's gradient is not what the modes' "
+                "facts say",
+                flush=True,
+            )
         loop = measure_cost if cfg.cost.modes else train  # the one place that chooses
         result = loop(parts, logger)
         result.peak_rss_mib = peak_rss_mib(parts.group)
@@ -120,6 +130,9 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             status=result.status, error=result.error, steps_done=result.steps_done, final_loss=result.final_loss
         )
         summary["peak_rss_mib"] = result.peak_rss_mib
+        if getattr(result, "reported_not_finite", None):
+            steps = result.reported_not_finite
+            summary["reported_loss_not_finite"] = {"first_step": steps[0], "steps": len(steps)}
         leave_world()
         if logger is not None:
             logger.close()

@@ -1,0 +1,128 @@
+"""Which runs are compared with which.
+
+- A run's mode: its `reduction`, with the all-reduce of `sum` and the callable
+  of `custom` (the config keys `runner.modes.MODE_KEYS`). `assign_groups`
+  turns the `reduction` column into the mode's label (`runner.modes.mode_label`:
+  `sum`, `sum[identity]`, `custom:MODULE:CALLABLE`), which every table and
+  plot names, and adds the run's `gradient` against grad L
+  (`runner.modes.run_gradient`), its `fsdp_reduction` and the one sentence
+  about its differentiable all-reduce (`all_reduce`, where it has one).
+- A comparison group: runs whose configs are identical except the mode's keys
+  (and keys that cannot change the trajectory, `NOT_EXPERIMENT`). Its
+  reference is its `sum` run: the one with funcol's SUM-backward all-reduce,
+  the implementation checked against the single-process reference.
+- A family: runs identical except the reduction and the parallel layout
+  (`world_size`, `sp`, `grad_accum`, `dp_replicate`). The global batch of every step is the
+  same for all of them (it is drawn from the seed and the step alone), so a completed `world_size=1`
+  `sum` run of the family (the smallest grad_accum) is the ground truth for
+  every layout: where one exists it is every run's baseline, else the group's
+  `sum` run is.
+
+`train.steps` is outside both keys: runs of different lengths compare over
+the steps they share (the learning-rate schedule does not depend on it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.load.mode_labels import label_modes
+from analysis.load.sweeps import RUN_COLUMNS
+from runner.layout import ParallelLayout
+from runner.modes import MODE_KEYS
+
+LAYOUT = ["world_size", "sp", "grad_accum", "dp_replicate"]
+# Keys that do not change a run's trajectory: how long, how often it prints,
+# where and whether it logs, the kill timeout, whether collectives are counted.
+NOT_EXPERIMENT = ("train.steps", "train.log_every", "timeout_s", "metrics.count_comm", "wandb.")
+
+
+def config_columns(runs: pd.DataFrame) -> list[str]:
+    return [c for c in runs.columns if c not in RUN_COLUMNS and not c.startswith(NOT_EXPERIMENT)]
+
+
+def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """A readable id per distinct value combination of `columns` (g1, g2, ... in order of appearance)."""
+    if not columns:
+        return pd.Series("g1", index=runs.index)
+    codes = runs[columns].astype(str).groupby(columns, sort=False, dropna=False).ngroup()
+    return codes.map(lambda code: f"g{code + 1}")
+
+
+def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with `group`, `family`, `layout`, `optimizer`, `group_label`, `baseline` (a run id or NaN)
+    and `baseline_kind`; `reduction` holds the mode's label (`analysis.load.mode_labels`)."""
+    runs = runs.copy()
+    config = [c for c in config_columns(runs) if not c.startswith(MODE_KEYS)]
+    # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
+    swept = [c for c in varying_columns(runs) if not c.startswith(MODE_KEYS) and c not in LAYOUT]
+    runs["group"] = _key(runs, config)
+    runs["family"] = _key(runs, [c for c in config if c not in LAYOUT]).str.replace("g", "f", n=1)
+    runs["layout"] = _layout_names(runs)
+    runs["optimizer"] = [
+        f"{name} (lr {lr:g}, clip {clip:g})" if isinstance(name, str) else "unknown optimizer"
+        for name, lr, clip in zip(runs["optim.name"], runs["optim.lr"], runs["optim.clip"])
+    ]
+    runs["group_label"] = runs["layout"]
+    for column in _label_columns(runs, swept):
+        runs["group_label"] += " " + column + "=" + runs[column].map(_shown)
+    runs = label_modes(runs)
+    runs["baseline"], runs["baseline_kind"] = _baselines(runs)
+    return runs
+
+
+def _shown(value) -> str:
+    """A config value as a label shows it; `unset` where a run's config lacks the key (e.g. a Hugging Face
+    model's `model.overrides.*` in a run of the own decoder)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "unset"
+    return str(value)
+
+
+def _label_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
+    """The swept columns a label names: those not already told by the ones before them (`model.name=hf_llama`
+    tells `model.arch` and the preset's `model.overrides.*`)."""
+    kept: list[str] = []
+    for column in swept:
+        values = runs[column].map(_shown)
+        if kept and values.groupby([runs[c].map(_shown) for c in kept]).nunique().max() <= 1:
+            continue
+        kept.append(column)
+    return kept
+
+
+def _layout_names(runs: pd.DataFrame) -> np.ndarray:
+    """The layout's name per run, as the runner prints it (`runner.layout.ParallelLayout`: DP(2)-SP(1)-GA(2),
+    DP(2x2)-SP(1)-GA(2) for 2 replicas of 2 shards); "unknown layout" where its config could not be read."""
+    known = runs[LAYOUT].notna().all(axis=1)
+    sizes = runs[LAYOUT].where(known, 1).astype(int)
+    names = [
+        str(ParallelLayout(world_size=w, sp=sp, grad_accum=m, dp_replicate=r))
+        for w, sp, m, r in sizes[LAYOUT].itertuples(index=False)
+    ]
+    return np.where(known, names, "unknown layout")
+
+
+def _baselines(runs: pd.DataFrame) -> tuple[pd.Series, np.ndarray]:
+    """Each run's baseline: its family's world_size=1 `sum` run (smallest grad_accum), else its group's `sum`."""
+    completed_sum = runs[(runs["status"] == "completed") & (runs["reduction"] == "sum")]
+    group_reference = completed_sum.drop_duplicates("group").set_index("group")["run"]
+    ground_truth = (
+        completed_sum[completed_sum["world_size"] == 1]
+        .sort_values(["grad_accum", "sp"])
+        .drop_duplicates("family")
+        .set_index("family")["run"]
+    )
+    from_family = runs["family"].map(ground_truth).astype(object)
+    baseline = from_family.where(from_family.notna(), runs["group"].map(group_reference).astype(object))
+    kind = np.where(
+        runs["family"].isin(ground_truth.index), "world_size=1 sum", np.where(baseline.notna(), "group sum", "none")
+    )
+    return baseline, kind
+
+
+def varying_columns(runs: pd.DataFrame) -> list[str]:
+    """Config columns that take more than one value across the runs (what a sweep swept)."""
+    config = config_columns(runs)
+    return [c for c in config if runs[c].astype(str).nunique() > 1]

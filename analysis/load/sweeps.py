@@ -1,0 +1,239 @@
+"""Load the job directories of one or more sweeps into two tidy DataFrames.
+
+- `runs`: one row per job directory (whatever became of it): `run` (its id,
+  `<sweep>/<job>`), `sweep`, `job`, `status`, `error`, `steps_done`,
+  `steps_logged`, `diverged_at`, `device_used`, `backend`, then the whole resolved
+  config flattened to dotted columns (`reduction`, `world_size`, `optim.lr`...).
+- `steps`: one row per (run, logged step): the metrics.jsonl records, with
+  `comm` flattened to `comm_<kind>_<field>` (plus `comm_total_<field>` over
+  kinds), `loss_comm` to `loss_comm_<field>` and `grad_sketch` to
+  `sketch_0..sketch_{K-1}`.
+
+A job without summary.json is `unfinished` (still running, or its process died
+before writing one); a job without metrics.jsonl has no steps. Nothing here raises on a broken
+job: what can be read is kept and the rest is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+
+from runner.record.config_file import read_config
+from runner.record.metrics_file import parse_jsonl, read_arrow_copy
+
+RUN_COLUMNS = [
+    "run",
+    "sweep",
+    "job",
+    "status",
+    "error",
+    "steps_done",
+    "steps_logged",
+    "diverged_at",
+    "device_used",
+    "backend",
+]
+NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
+# Every run has these, whatever its config.yaml held: the analysis groups by them.
+REQUIRED_CONFIG = {
+    "reduction": None,
+    "world_size": np.nan,
+    "sp": np.nan,
+    "grad_accum": np.nan,
+    "dp_replicate": 1,  # HSDP replicas; a config written before the key ran one
+    "data.packing": False,
+    "optim.name": None,
+    "optim.lr": np.nan,
+    "optim.clip": np.nan,
+}
+
+
+@dataclass
+class Sweeps:
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    # Interleaved cost jobs (`cost.modes` set): one row each, with `path`; not runs to compare.
+    cost_jobs: pd.DataFrame | None = None
+
+
+def is_cost_job(row: dict) -> bool:
+    return bool(row.get("cost.modes"))
+
+
+def newest_result(roots: tuple[Path, ...] = (Path("multirun"), Path("outputs"))) -> Path:
+    """The newest sweep (multirun/<date_time>) or single run (outputs/<date_time>), by modification time."""
+    found = [
+        path
+        for root in roots
+        if root.is_dir()
+        for path in root.iterdir()
+        if (path / "multirun.yaml").exists() or (path / "config.yaml").exists()
+    ]
+    if not found:
+        where = " or ".join(f"{root}/" for root in roots)
+        raise FileNotFoundError(f"no sweep or run under {where} (run `make run` first, or pass a directory)")
+    return max(found, key=lambda path: path.stat().st_mtime)
+
+
+def job_dirs(path: Path) -> list[tuple[Path, Path]]:
+    """(the folder that names it, the job directory) of every job at `path`: a job directory itself
+    (it holds config.yaml), or a sweep's or run's folder with job directories in it. Hidden folders
+    (Hydra's .hydra/ holds a config.yaml too) are not jobs."""
+    if (path / "config.yaml").exists():
+        return [(path.parent, path)]
+    if not path.is_dir():
+        return []
+    children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [(path, child) for child in children if (child / "config.yaml").exists()]
+
+
+def not_a_result(path: Path) -> str | None:
+    """Why `path` cannot be analysed, or None."""
+    expected = "give a sweep directory (multirun/<date_time>), a run's (outputs/<date_time>) or a job's"
+    if not path.exists():
+        return f"{path} does not exist; {expected}"
+    if not path.is_dir():
+        return f"{path} is a file; {expected}"
+    return None
+
+
+def _flatten(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _read_summary(job: Path) -> dict:
+    try:
+        return json.loads((job / "summary.json").read_text())
+    except FileNotFoundError:
+        return {
+            "status": "unfinished",
+            "error": "no summary.json: still running, or its process died before writing one",
+        }
+    except json.JSONDecodeError as error:
+        return {"status": "failed", "error": f"summary.json is not JSON: {error}"}
+
+
+def _run_row(sweep: Path, job: Path) -> dict:
+    summary = _read_summary(job)
+    error = summary.get("error") or ""
+    row = {
+        "run": f"{sweep.name}/{job.name}",
+        "sweep": sweep.name,
+        "job": job.name,
+        "status": summary.get("status", "unfinished"),
+        "error": error.strip().splitlines()[-1] if error.strip() else "",
+        "steps_done": summary.get("steps_done", 0),
+        "device_used": summary.get("device"),  # what `device` (a config key) resolved to
+        "backend": summary.get("backend"),
+    }
+    try:
+        config = read_config(job / "config.yaml")
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        config = None
+        row.update(status="failed", error=f"config.yaml is unreadable: {str(error).splitlines()[0]}")
+    if not isinstance(config, dict):
+        config = {}
+        row.update(status="failed", error=row["error"] or "config.yaml holds no config")
+    row.update(_flatten(config))
+    return row
+
+
+def _sketch_matrix(column: pa.ChunkedArray) -> np.ndarray | None:
+    """grad_sketch lists as a [step, k] float array (NaN where missing); None when no step has one."""
+    if column.null_count == len(column) or not pa.types.is_list(column.type):
+        return None
+    lengths = pc.list_value_length(column)
+    width = pc.max(lengths).as_py()
+    if column.null_count == 0 and pc.min(lengths).as_py() == width:  # the usual case: one copy (a writable array), in C
+        values = np.concatenate([chunk.flatten().to_numpy(zero_copy_only=False) for chunk in column.chunks])
+        return values.astype(float, copy=False).reshape(-1, width)
+    rows = column.to_pylist()
+    return np.array([r + [None] * (width - len(r)) if r is not None else [None] * width for r in rows], dtype=float)
+
+
+def _steps_frame(run_ids: list[str], tables: list[pa.Table | None]) -> pd.DataFrame:
+    """All runs' steps in one DataFrame: concatenated in Arrow (missing columns become null), converted once.
+
+    `run` is a categorical whose categories are `run_ids` in order, so a step's run
+    is row `steps.run.cat.codes` of the runs table.
+    """
+    present = [(i, t) for i, t in enumerate(tables) if t is not None]
+    if not present:
+        steps = pd.DataFrame({column: pd.Series(dtype=float) for column in ("step", "loss", "grad_norm")})
+        steps.insert(0, "run", pd.Categorical([], categories=run_ids))
+        return steps
+    table = pa.concat_tables([t for _, t in present], promote_options="permissive")
+    codes = np.repeat([i for i, _ in present], [len(t) for _, t in present]).astype(np.int32)
+    table = table.append_column("run", pa.DictionaryArray.from_arrays(codes, pa.array(run_ids, pa.string())))
+    sketch = _sketch_matrix(table.column("grad_sketch")) if "grad_sketch" in table.column_names else None
+    if "grad_sketch" in table.column_names:
+        table = table.drop_columns(["grad_sketch"])
+    steps = table.to_pandas()
+    steps = steps[["run"] + [c for c in steps.columns if c != "run"]]
+    if sketch is not None:
+        # copy=False: pandas would otherwise copy (and transpose) the whole [step, k] array into its own block.
+        sketch_columns = pd.DataFrame(sketch, columns=[f"sketch_{k}" for k in range(sketch.shape[1])], copy=False)
+        steps = pd.concat([steps, sketch_columns], axis=1)
+    for field in ("calls", "bytes", "seconds"):
+        kinds = [c for c in steps.columns if c.startswith("comm_") and c.endswith(f"_{field}")]
+        if kinds:  # NaN on steps whose collectives were not counted (the runner samples steps)
+            steps[f"comm_total_{field}"] = steps[kinds].sum(axis=1, min_count=1)
+    return steps
+
+
+def _read_metrics(paths: list[Path]) -> list[pa.Table | None]:
+    """Every job's metrics table: the Arrow copies one after another (each a fraction of a millisecond,
+    mostly holding the GIL), then the JSONL files without a matching copy parsed side by side in
+    threads (Arrow parses without the GIL)."""
+    tables = [read_arrow_copy(path) for path in paths]
+    unparsed = [i for i, table in enumerate(tables) if table is None]
+    if unparsed:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for i, table in zip(unparsed, pool.map(parse_jsonl, [paths[i] for i in unparsed])):
+                tables[i] = table
+    return tables
+
+
+def load_sweeps(sweeps: list[Path]) -> Sweeps:
+    """Every job at the given paths (sweeps, single runs or job directories), as `runs` and `steps`;
+    interleaved cost jobs apart, in `cost_jobs`."""
+    jobs = [job for sweep in sweeps for job in job_dirs(sweep)]
+    if not jobs:
+        raise FileNotFoundError(
+            f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}; give a sweep, run or job directory"
+        )
+    loaded = list(
+        zip([_run_row(sweep, job) for sweep, job in jobs], _read_metrics([job / "metrics.jsonl" for _, job in jobs]))
+    )
+    cost_jobs = pd.DataFrame(
+        [{**row, "path": str(sweep / job.name)} for (row, _), (sweep, job) in zip(loaded, jobs) if is_cost_job(row)]
+    )
+    loaded = [(row, table) for row, table in loaded if not is_cost_job(row)]
+    runs = pd.DataFrame([row for row, _ in loaded], columns=RUN_COLUMNS if not loaded else None)
+    for column, missing in REQUIRED_CONFIG.items():
+        runs[column] = runs[column] if column in runs else missing
+    runs["dp_replicate"] = runs["dp_replicate"].fillna(1)  # runs of older configs beside newer ones
+    steps = _steps_frame(runs["run"].tolist(), [table for _, table in loaded])
+    logged = steps.groupby("run", observed=True).size()
+    not_finite = ~np.isfinite(steps["loss"].astype(float)) | ~np.isfinite(steps["grad_norm"].astype(float))
+    first_bad = steps.loc[not_finite].groupby("run", observed=True)["step"].min()
+    runs["steps_logged"] = runs["run"].map(logged).fillna(0).astype(int)
+    runs["diverged_at"] = runs["run"].map(first_bad).astype(float)
+    runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
+    return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs)

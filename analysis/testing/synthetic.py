@@ -1,0 +1,230 @@
+"""Synthetic sweep directories in the runner's output contract, with answers known by construction.
+
+Every run shares one made-up trajectory (a decaying loss, a random gradient
+sketch and grad norm per step, drawn from the sweep seed); each `SyntheticRun`
+then changes it the way a reduction mode would: scale the gradient by k, turn
+its direction, move the loss curve from some step on, diverge, fail, or stop
+early. The analysis must recover exactly those changes. Used by the tests and
+by `python -m bench analysis` (1,000 runs x 1,000 steps).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from runner.config import MetricsConfig, RunConfig, counted_step
+from runner.record.config_file import write_config_copy
+from runner.record.metrics_file import write_arrow_copy
+
+SKETCH_DIM = 8
+DEFAULT_METRICS = MetricsConfig()  # the runner's sampling of counted steps
+
+
+@dataclass
+class SyntheticRun:
+    reduction: str = "sum"
+    world_size: int = 2
+    sp: int = 1
+    grad_accum: int = 1
+    seed: int = 0
+    steps: int = 60
+    factor: float = 1.0  # the gradient (sketch and grad norm) is k times the true one
+    turn: float = 0.0  # angle (radians) by which the gradient direction is turned
+    loss_shift_from: int | None = None  # from this step on, the loss is higher by loss_shift per step
+    loss_shift: float = 0.01
+    status: str = "completed"  # completed, diverged, failed, or invalid (nothing ran)
+    diverge_at: int | None = None  # the step whose loss and grad norm are not finite
+    fail_after: int | None = None  # a failed run logged this many steps
+    overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
+    step_time_factor: float = 1.0  # every step takes this many times as long (e.g. a counter that costs time)
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.reduction}_ws{self.world_size}_sp{self.sp}_ga{self.grad_accum}_seed{self.seed}"
+
+
+def _config_yaml(run: SyntheticRun) -> str:
+    cfg = OmegaConf.structured(RunConfig)
+    values = {
+        "reduction": run.reduction,
+        "world_size": run.world_size,
+        "sp": run.sp,
+        "grad_accum": run.grad_accum,
+        "seed": run.seed,
+        "train.steps": run.steps,
+        "wandb.mode": "disabled",
+        **(run.overrides or {}),
+    }
+    for key, value in values.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def true_trajectory(seed: int, steps: int) -> dict[str, np.ndarray]:
+    """The shared made-up run: loss[t], sketch[t, k], grad_norm[t] for t = 1..steps."""
+    # One generator per quantity, so that a shorter run's trajectory is a prefix of a longer one's.
+    loss_noise, sketch_draw = (np.random.default_rng([seed, stream]) for stream in (1, 2))
+    t = np.arange(1, steps + 1)
+    sketch = sketch_draw.normal(size=(steps, SKETCH_DIM))
+    return {
+        "loss": 2.5 + 3.0 * np.exp(-t / 15) + 0.02 * loss_noise.normal(size=steps),
+        "sketch": sketch,
+        "grad_norm": np.linalg.norm(sketch, axis=1) / 2,
+    }
+
+
+def _turned(sketch: np.ndarray, angle: float, seed: int) -> np.ndarray:
+    """Each step's sketch turned by `angle` towards a fixed random direction orthogonal to it (norm kept)."""
+    if angle == 0:
+        return sketch
+    other = np.random.default_rng([seed, 777]).normal(size=sketch.shape)
+    other -= (other * sketch).sum(1, keepdims=True) / (sketch**2).sum(1, keepdims=True) * sketch
+    other *= np.linalg.norm(sketch, axis=1, keepdims=True) / np.linalg.norm(other, axis=1, keepdims=True)
+    return np.cos(angle) * sketch + np.sin(angle) * other
+
+
+def _records(run: SyntheticRun) -> list[dict]:
+    true = true_trajectory(run.seed, run.steps)
+    loss = true["loss"].copy()
+    if run.loss_shift_from is not None:
+        later = np.arange(1, run.steps + 1) >= run.loss_shift_from
+        loss[later] += run.loss_shift * (np.arange(1, run.steps + 1)[later] - run.loss_shift_from + 1)
+    sketch = run.factor * _turned(true["sketch"], run.turn, run.seed)
+    grad_norm = np.linalg.norm(sketch, axis=1) / 2
+    logged = run.fail_after if run.status == "failed" and run.fail_after is not None else run.steps
+    if run.status == "invalid":
+        logged = 0
+    if run.diverge_at is not None:
+        logged = run.diverge_at
+    # Loss all-reduces per step as the runner issues them: N, plus the mode's own
+    # (sum: 2 per micro-batch, detached: 1 per micro-batch, the others: 1 per step).
+    loss_calls = 1 + {"sum": 2 * run.grad_accum, "detached": run.grad_accum}.get(run.reduction, 1)
+    timing = np.random.default_rng([run.seed, run.world_size, len(run.reduction)])
+    packed = bool((run.overrides or {}).get("data.packing", False))
+    records = []
+    for i in range(logged):
+        step = i + 1
+        finite = step != run.diverge_at
+        step_time = run.step_time_factor * 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
+        counted = counted_step(step, run.steps, DEFAULT_METRICS)  # as the runner samples (metrics.count_*)
+        all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
+        records.append(
+            {
+                "step": step,
+                "dp": run.world_size // run.sp,
+                "sp": run.sp,
+                "tokens": 1000 * step,
+                "valid_tokens": 1000,
+                "micro_batch_tokens_min": 250 if packed else 200,
+                "micro_batch_tokens_max": 250 if packed else 300,
+                "loss": float(loss[i]) if finite else None,
+                "reported_loss": float(loss[i]) if finite else None,
+                "grad_norm": float(grad_norm[i]) if finite else None,
+                "clip_coef": min(1.0, 1.0 / (float(grad_norm[i]) + 1e-6)),
+                "lr": 3e-3,
+                "step_time_s": step_time,
+                "peer_skew_s": 1e-4,
+                "tokens_per_s": 1000 / step_time,
+                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce}
+                if counted
+                else None,
+                "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls}
+                if counted
+                else None,
+                "grad_sketch": sketch[i].tolist() if finite else [float("nan")] * SKETCH_DIM,
+            }
+        )
+    return records
+
+
+def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
+    """A sweep directory (multirun.yaml + one job directory per run) as `python -m runner -m` leaves it."""
+    sweep.mkdir(parents=True, exist_ok=True)
+    (sweep / "multirun.yaml").write_text("# synthetic sweep (analysis.testing.synthetic)\n")
+    for number, run in enumerate(runs):
+        job = sweep / f"{number}_{run.job_name}"
+        job.mkdir()
+        (job / "config.yaml").write_text(_config_yaml(run))
+        write_config_copy(job / "config.yaml")  # as the runner's save_run_config does
+        records = _records(run)
+        with (job / "metrics.jsonl").open("w") as out:
+            for record in records:
+                out.write(json.dumps(record).replace("NaN", "null") + "\n")
+        if run.status != "failed":  # as the runner leaves it: a job that closed its logger has the Arrow copy
+            write_arrow_copy(job / "metrics.jsonl")
+        error = {
+            "failed": "rank 1 exited with code 1",
+            "diverged": f"not finite at step {run.diverge_at}",
+            "invalid": "sp=3 does not divide world_size=2",
+        }.get(run.status)
+        summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
+        (job / "summary.json").write_text(json.dumps(summary))
+    return sweep
+
+
+def write_cost_job(
+    job: Path,
+    ratios: dict[str, float],
+    steps: int = 150,
+    noise: float = 0.02,
+    drift_from: int | None = None,
+    local_s: float = 0.03,
+    seed: int = 0,
+    world_size: int = 2,
+    grad_accum: int = 2,
+    load: np.ndarray | None = None,
+    first_arm_penalty: float = 0.0,
+) -> Path:
+    """An interleaved cost job (runner.measure.cost's files) whose arms take `ratios[mode]` x local's time.
+
+    Every step has its own load factor (1, or 3 from `drift_from` on, as when another
+    process starts; or `load[step - 1]`), shared by all arms of that step; each arm adds
+    its own noise. The arms run in a random order each step, as the runner's do, and the
+    one that runs first takes `first_arm_penalty` longer (a cold cache, say).
+    """
+    job.mkdir(parents=True)
+    modes = ["local", *ratios]
+    cfg = OmegaConf.structured(RunConfig)
+    for key, value in {
+        "world_size": world_size,
+        "grad_accum": grad_accum,
+        "train.steps": steps,
+        "cost.modes": modes,
+        "wandb.mode": "disabled",
+    }.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    (job / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_config_copy(job / "config.yaml")
+    rng = np.random.default_rng(seed)
+    collectives = {m: {"plain": 1, "functional": 1, "differentiable": 0} for m in modes}
+    collectives["sum"] = {"plain": 1, "functional": 0, "differentiable": grad_accum}
+    with (job / "metrics.jsonl").open("w") as out:
+        for step in range(1, steps + 1):
+            factor = (
+                load[step - 1] if load is not None else 3.0 if drift_from is not None and step >= drift_from else 1.0
+            )
+            order = [modes[i] for i in rng.permutation(len(modes))]
+            times = {
+                m: local_s * factor * {"local": 1.0, **ratios}[m] * (1 + noise * rng.standard_normal())
+                * (1 + first_arm_penalty * (m == order[0]))
+                for m in modes
+            }  # fmt: skip
+            record = {
+                "step": step,
+                "loss": 3.0,
+                "grad_norm": 1.0,
+                "cost_s": times,
+                "cost_order": order,
+                "loss_collectives": collectives if step == 1 else None,
+            }
+            out.write(json.dumps(record) + "\n")
+    floor = {kind: {"median_s": 2e-4, "p90_s": 3e-4, "calls": 1000} for kind in ("plain", "functional")}
+    floor["differentiable"] = {"median_s": 1e-3, "p90_s": 1.5e-3, "calls": 1000}
+    (job / "floor.json").write_text(json.dumps({**floor, "world_size": world_size, "backend": "gloo"}))
+    (job / "summary.json").write_text(json.dumps({"status": "completed", "error": None, "steps_done": steps}))
+    return job

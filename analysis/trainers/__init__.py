@@ -1,0 +1,1 @@
+"""What the runs show about real trainers' rules: the trainers table."""

@@ -1,1 +1,0 @@
-"""Examples that run with the runner (`custom.fn=examples.reductions.<trainer>:loss`, from the repository root)."""

@@ -1,0 +1,76 @@
+"""What transformers' config class of a Hugging Face model takes and makes of a config: the launcher asks in a
+short subprocess (`runner.sweep.hf_check`), since importing transformers' configs imports torch.
+
+`python -m runner.model.hf_class MODEL_TYPE` prints, as one JSON line, the class's keys (every field of its
+default config, its `attribute_map` aliases, its constructor's parameters) and its default config.
+`python -m runner.model.hf_class --effective CONFIG_JSON KEYS_JSON` prints the config transformers builds from
+that dict (`CONFIG_MAPPING[model_type].from_dict`, whose `__post_init__` derives fields such as `layer_types`),
+and which of KEYS act on it: removing the key changes a field of the class (a legacy key that transformers
+converts, such as `rope_theta`, acts; a misspelt one is kept as an attribute that nothing reads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import sys
+
+
+def _config_class(model_type: str):
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+
+
+def _plain(config) -> dict:
+    return json.loads(config.to_json_string(use_diff=False))
+
+
+def class_facts(model_type: str) -> dict:
+    import transformers
+
+    cls = _config_class(model_type)
+    if cls is None:
+        return {"known": False, "transformers": transformers.__version__}
+    defaults = _plain(cls())
+    keys = set(defaults) | set(getattr(cls, "attribute_map", {}) or {})
+    if dataclasses.is_dataclass(cls):
+        keys |= {field.name for field in dataclasses.fields(cls)}
+    for klass in cls.__mro__:  # the constructor's named parameters, the base config's too
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            keys |= {
+                name
+                for name, p in inspect.signature(init).parameters.items()
+                if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+            }
+    keys.discard("self")
+    return {
+        "known": True,
+        "class": cls.__name__,
+        "transformers": transformers.__version__,
+        "keys": sorted(keys),
+        "attribute_map": dict(getattr(cls, "attribute_map", {}) or {}),
+        "defaults": defaults,
+    }
+
+
+def effective_config(config: dict, keys: list[str]) -> dict:
+    config = dict(config)
+    cls = _config_class(config.pop("model_type"))
+    built = _plain(cls.from_dict(config))
+    fields = set(_plain(cls()))
+
+    def acts(key: str) -> bool:
+        without = _plain(cls.from_dict({k: v for k, v in config.items() if k != key}))
+        return any(built.get(field) != without.get(field) for field in fields)
+
+    return {"effective": built, "acting": [key for key in keys if acts(key)]}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--effective":
+        print(json.dumps(effective_config(json.loads(sys.argv[2]), json.loads(sys.argv[3]))))
+    else:
+        print(json.dumps(class_facts(sys.argv[1])))
