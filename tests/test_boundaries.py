@@ -34,12 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. A file may import from its own package and from the layers below its own, never from above
 # nor from another package of its own layer.
 RUNNER_LAYERS = [
+    ("runner.extras",),  # the optional extras and the command that installs one (torch-free)
     ("runner.ranges", "runner.modes", "runner.layout", "runner.callables"),  # the schema's leaves, torch-free
     ("runner.config",),  # the typed config
     ("runner.record",),  # what a job leaves and how it is read back
     ("runner.data", "runner.model"),
     ("runner.train",),  # the parts, the reductions, the collective counter, the training loop
-    ("runner.measure",),  # the cost loop (it runs the training's parts)
+    ("runner.measure", "runner.trainers"),  # the cost loop (it runs the training's parts); trainers' rules (custom.fn)
     ("runner.world",),  # a rank's life: it runs the training or the cost loop
     ("runner.sweep",),  # the Hydra process: it spawns the ranks
     ("runner.__main__", "runner.testing"),  # entry points: nothing imports them
