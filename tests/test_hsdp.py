@@ -28,10 +28,10 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from runner.data.batches import IGNORE_INDEX, local_micro_batches
 from runner.layout import ParallelLayout
-from runner.measure.comm import CollectiveCounter
 from runner.model.parallel import build_meshes, parallelize, set_gradient_reduction
 from runner.model.registry import build_model
 from runner.modes import BUILT_IN, Reduction, facts
+from runner.train.counter import CollectiveCounter
 from runner.train.gradients import GradientSketch, clip_gradients
 from runner.train.reduction import LossReducer, forward_backward
 

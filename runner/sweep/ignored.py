@@ -35,7 +35,14 @@ from runner.sweep.model_rules import other_architecture_fields
 Problems = list[tuple[str, str]]
 # Keys that a sweep sets for some of its modes on purpose: `-m reduction=sum,local autograd_all_reduce=identity`,
 # `-m reduction=local,custom custom.fn=...` (README, "Which differentiable all-reduce" and "Custom reductions").
-SWEPT_ON_PURPOSE = ("autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.expect", "custom.rule", "custom.name")
+SWEPT_ON_PURPOSE = (
+    "autograd_all_reduce",
+    "custom.fn",
+    "custom.fsdp_reduce",
+    "custom.expect",
+    "custom.rule",
+    "custom.name",
+)
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,12 @@ def _rule_reads_autograd_all_reduce(cfg: DictConfig) -> bool:
 RULES = (
     Rule(
         ("autograd_all_reduce",),
-        lambda cfg: any(has_graph_all_reduce(mode) for mode in _modes(cfg) if mode != "custom")
-        or _rule_reads_autograd_all_reduce(cfg),
         lambda cfg: (
-            f"custom.fn={cfg.custom.fn} declares no graph_all_reduce=\"configured\" (only such a rule's ctx.all_reduce "
+            any(has_graph_all_reduce(mode) for mode in _modes(cfg) if mode != "custom")
+            or _rule_reads_autograd_all_reduce(cfg)
+        ),
+        lambda cfg: (
+            f'custom.fn={cfg.custom.fn} declares no graph_all_reduce="configured" (only such a rule\'s ctx.all_reduce '
             "reads it)"
             if cfg.reduction.value == "custom"
             else f"reduction={cfg.reduction.value} has no differentiable all-reduce in its graph (only sum has one)"

@@ -64,7 +64,6 @@ class RankParts:
         if mode is Reduction.custom:
             from runner.callables import resolve_callable
             from runner.train.custom import CustomReducer
-
             from runner.train.custom_rule import CONFIGURED
 
             fn = resolve_callable(cfg.custom.fn)
@@ -73,7 +72,12 @@ class RankParts:
             configured = getattr(fn, "graph_all_reduce", None) == CONFIGURED
             all_reduce = cfg.autograd_all_reduce if configured else AutogradAllReduce.funcol
             return CustomReducer(
-                fn, cfg.custom.fn, self.meshes, cfg.grad_accum, autograd_all_reduce=all_reduce, timeout_s=cfg.dist.timeout_s
+                fn,
+                cfg.custom.fn,
+                self.meshes,
+                cfg.grad_accum,
+                autograd_all_reduce=all_reduce,
+                timeout_s=cfg.dist.timeout_s,
             )
         # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
         all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol

@@ -38,9 +38,10 @@ own that timed out.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
