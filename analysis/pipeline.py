@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.bugs.table import bugs_csv, bugs_table
 from analysis.cost.comm import comm_table
 from analysis.cost.interleaved import cost_table, floor_table
 from analysis.gradients.expected import expected_verdicts
@@ -29,6 +30,7 @@ from analysis.plots.background import Background
 from analysis.plots.cost import comm_overhead, counted_modes, interleaved_cost
 from analysis.plots.curves import curve_figure_jobs, curve_figure_paths
 from analysis.report.answer import opening
+from analysis.report.bugs import bugs_answer, bugs_section
 from analysis.report.cost import cost_answer, interleaved_clause
 from analysis.report.document import training_sections, write_report
 from analysis.report.rfc import rfc_answer
@@ -71,6 +73,7 @@ class Analysis:
     wandb_dir: Path | None
     written: list[str]  # the files written into `out`
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    bugs: pd.DataFrame = field(default_factory=pd.DataFrame)  # the known-bugs table, one row per bug (bugs.csv)
 
 
 class _Clock:
@@ -153,10 +156,22 @@ def _analyze(
     trainers = trainers_table(runs, table)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
+    bugs = bugs_table(runs, table)
+    if len(bugs):
+        bugs_csv(bugs).to_csv(out / "bugs.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)
-    for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
+    extras = (
+        bugs_answer(bugs) if len(bugs) else "",
+        rfc_answer(table, comm, tol),
+        "\n".join(trainer_sentences(trainers)),
+    )
+    for extra in extras:
         answer += f"\n{extra}\n" if extra else ""
-    body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, layout_summary, tol)
+    body = (
+        bugs_section(bugs)
+        + trainers_section(trainers)
+        + training_sections(runs, table, comm, layout_table, layout_summary, tol)
+    )
     report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
     clock("report")
     for drawn in curve_pngs:
@@ -170,13 +185,16 @@ def _analyze(
         tables.update(cost=cost, floor=floor)
     if len(trainers):
         tables["trainers"] = trainers_csv(trainers)
+    if len(bugs):
+        tables["bugs"] = bugs_csv(bugs)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
     written = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
     written += ["cost.csv", "floor.csv"] if len(cost_jobs) else []
     written += ["trainers.csv"] if len(trainers) else []
+    written += ["bugs.csv"] if len(bugs) else []
     written += [p.name for p in pngs]
-    return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, written, clock.timings)
+    return Analysis(out, runs, table, layout_table, comm, cost, answer, report, wandb_dir, written, clock.timings, bugs)
 
 
 def _analyze_cost_only(

@@ -49,7 +49,7 @@ ANALYSIS_LAYERS = [
     ("analysis.nanstats",),  # NumPy's NaN-aware statistics without its per-line loop
     ("analysis.load",),  # records into DataFrames and [run, step] arrays; each run's identity; runs.parquet
     ("analysis.gradients", "analysis.cost"),  # the verdicts; the cost (interleaved inference, collective counts)
-    ("analysis.trainers",),  # what the runs show about trainers' rules (beside it: later such tables)
+    ("analysis.trainers", "analysis.bugs"),  # what the runs show about trainers' rules; the known bugs reproduced
     ("analysis.plots",),
     ("analysis.report",),  # the answer and one module per section (it names the plots' files and captions)
     ("analysis.wandb_log",),
