@@ -100,11 +100,18 @@ def _layout(run: pd.Series) -> str:
     return run["layout"] + (f" ({', '.join(data)})" if data else "")
 
 
+def _launched(run: pd.Series) -> tuple:
+    """A run's place in its sweep: (sweep, the job number its folder starts with), so bugs come in launch order."""
+    number = str(run.get("job", "")).split("_", 1)[0]
+    return (str(run.get("sweep", "")), int(number) if number.isdigit() else -1, str(run.get("job", "")))
+
+
 def bugs_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """One row per known bug in the sweep (empty: none)."""
     if "known_bug.name" not in runs or not runs["known_bug.name"].notna().any():
         return pd.DataFrame(columns=["run_buggy", "run_fixed", *COLUMNS, "expected"])
     measured = pd.concat([runs, table.drop(columns=[c for c in table if c in runs])], axis=1)
+    measured = measured.iloc[sorted(range(len(measured)), key=lambda i: _launched(measured.iloc[i]))]
     rows = []
     for name, bug in measured[measured["known_bug.name"].notna()].groupby("known_bug.name", sort=False):
         arms = {arm: bug[_arm_of(bug, arm)] for arm in ARMS}

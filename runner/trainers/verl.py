@@ -7,7 +7,8 @@ verl` imports ray, so it is not installed here). Read at volcengine/verl, files 
   (1/W) sum_rm (S_rm / n_rm)(B_rm / B_r) with B the rows: sum_i (sum_i / tokens_i)(samples_i / total)
   instead of sum sum_i / sum tokens_i; another direction whenever micro-batches hold unequal counts.
 - `token_mean` (after): `agg_loss` with the step's global token count (all-reduced over dp by the caller)
-  and dp_size: S_rm / N x dp, FSDP mean over W = dp: sum_rm dS_rm / N = grad L.
+  and dp_size: S_rm / N x dp, FSDP mean over W = dp: sum_rm dS_rm / N = grad L. At sp = 1 only: under
+  sequence parallelism the count over dp is each shard's own (the case of verl #5983), not followed here.
 """
 
 from __future__ import annotations
