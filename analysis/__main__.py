@@ -104,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     for sentence in [s for s in table["all_reduce"].unique() if s]:  # which all-reduce the sum runs used
         print(f"check: {sentence}")
     post_training_failed = _check_post_training(result)
+    bugs_failed = _known_bugs_check(result.bugs)
     if offending.empty:
         print(f"check: all {table['as_expected'].notna().sum()} verdicts are as expected")
-        return 1 if post_training_failed else 0
+        return 1 if post_training_failed or bugs_failed else 0
     print(f"check FAILED: {len(offending)} verdict(s) differ from what their mode should give:")
     with pd.option_context("display.width", 250, "display.max_colwidth", 90):
         print(offending[["run", "reduction", "verdict_text", "expected", "reason"]].to_string(index=False))
@@ -138,6 +139,20 @@ def _check_post_training(result) -> bool:
                 f"check FAILED: {len(off_papers)} mode(s) against a paper's objective otherwise than custom.weighs states:"
             )
             print(off_papers[["name", "paper_name", "weighs", "paper_weighs", "difference"]].to_string(index=False))
+    return True
+
+
+def _known_bugs_check(bugs: pd.DataFrame) -> bool:
+    """Print the known bugs' results (`analysis.bugs.table`); True when one is not reproduced (its fix included)."""
+    if bugs.empty:
+        return False
+    missed = bugs[bugs["result"] != "reproduced"]
+    if missed.empty:
+        print(f"check: all {len(bugs)} known bugs reproduced, each fix equivalent to the reference")
+        return False
+    print(f"check FAILED: {len(missed)} of {len(bugs)} known bug(s) not reproduced:")
+    for _, row in missed.iterrows():
+        print(f"  {row['bug']} ({row['reference']}): {row['why']}")
     return True
 
 

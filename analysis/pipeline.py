@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.bugs.table import bugs_csv, bugs_table
 from analysis.cost.comm import comm_table
 from analysis.cost.interleaved import cost_table, floor_table
 from analysis.gradients.expected import expected_verdicts
@@ -34,6 +35,7 @@ from analysis.post_training.layouts import layout_table as post_training_runs
 from analysis.post_training.papers import paper_table
 from analysis.post_training.table import rl_table
 from analysis.report.answer import opening
+from analysis.report.bugs import bugs_answer, bugs_section
 from analysis.report.cost import cost_answer, interleaved_clause
 from analysis.report.document import training_sections, write_report
 from analysis.report.post_training import post_training_answer, post_training_section
@@ -81,6 +83,7 @@ class Analysis:
     post_training: pd.DataFrame = field(default_factory=pd.DataFrame)
     post_training_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     post_training_papers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    bugs: pd.DataFrame = field(default_factory=pd.DataFrame)  # the known-bugs table, one row per bug (bugs.csv)
 
 
 class _Clock:
@@ -173,13 +176,22 @@ def _analyze(
     trainers = trainers_table(runs, table)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
+    bugs = bugs_table(runs, table)
+    if len(bugs):
+        bugs_csv(bugs).to_csv(out / "bugs.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)
     if len(rl):  # a post-training sweep asks this first
         answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
-    for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
+    extras = (
+        bugs_answer(bugs) if len(bugs) else "",
+        rfc_answer(table, comm, tol),
+        "\n".join(trainer_sentences(trainers)),
+    )
+    for extra in extras:
         answer += f"\n{extra}\n" if extra else ""
     body = (
         post_training_section(rl)
+        + bugs_section(bugs)
         + trainers_section(trainers)
         + training_sections(runs, table, comm, layout_table, layout_summary, tol)
     )
@@ -197,12 +209,15 @@ def _analyze(
     if len(trainers):
         tables["trainers"] = trainers_csv(trainers)
     tables.update({name.removesuffix(".csv"): frame for name, frame in rl_written.items()})
+    if len(bugs):
+        tables["bugs"] = bugs_csv(bugs)
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
     written = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
     written += ["cost.csv", "floor.csv"] if len(cost_jobs) else []
     written += ["trainers.csv"] if len(trainers) else []
     written += list(rl_written)
+    written += ["bugs.csv"] if len(bugs) else []
     written += [p.name for p in pngs]
     return Analysis(
         out,
@@ -219,6 +234,7 @@ def _analyze(
         rl,
         rl_runs,
         rl_papers,
+        bugs,
     )
 
 

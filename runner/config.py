@@ -264,6 +264,26 @@ class CustomConfig:
 
 
 @dataclass
+class BugArmConfig:
+    # One arm of a known bug (conf/bug/NAME.yaml): the rule (a custom.fn) and FSDP's reduction it ran under.
+    fn: Optional[str] = None
+    fsdp_reduce: FsdpReduce = FsdpReduce.mean
+    # What the arm gives against grad L at the bug's layout (custom.expect's forms: a factor, or different).
+    expect: str = "grad L"
+
+
+@dataclass
+class KnownBugConfig:
+    # A trainer's reported bug, reproduced (conf/bug/NAME.yaml, `experiment=bugs`; docs/known-bugs.md). Read by
+    # the analysis only ("Known bugs", bugs.csv); conf/bug_arm/ sets the run's mode from `buggy` or `fixed`.
+    name: Optional[str] = None
+    reference: Optional[str] = None  # where it was reported and fixed: repository, issue or PR numbers
+    signature: Optional[str] = None  # what the upstream thread reported (a factor, or how it depends on the data)
+    buggy: BugArmConfig = field(default_factory=BugArmConfig)  # the upstream logic before the fix
+    fixed: BugArmConfig = field(default_factory=BugArmConfig)  # after the fix
+
+
+@dataclass
 class RunConfig:
     reduction: Reduction = Reduction.sum
     # The differentiable all-reduce of the modes that have one in the graph (sum): funcol, torch_nn or
@@ -271,6 +291,9 @@ class RunConfig:
     autograd_all_reduce: AutogradAllReduce = AutogradAllReduce.funcol
     world_size: int = ranged(2, ge=1, le=2**20)
     sp: int = ranged(1, ge=1)  # sequence-parallel (Ulysses) degree; dp = world_size / sp
+    # HSDP: the dp ranks form this many replicas, each sharded by FSDP over dp / dp_replicate of them
+    # (times sp); 1 shards over all W ranks, dp_replicate = dp is plain DDP (`runner.layout`).
+    dp_replicate: int = ranged(1, ge=1)
     grad_accum: int = ranged(1, ge=1)
     seed: int = ranged(0, ge=0, lt=2**32)
     device: Device = Device.auto
@@ -288,6 +311,7 @@ class RunConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     custom: CustomConfig = field(default_factory=CustomConfig)
+    known_bug: KnownBugConfig = field(default_factory=KnownBugConfig)
 
 
 def nodes_for(world_size: int, gpus_per_node: int) -> int:

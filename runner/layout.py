@@ -1,9 +1,18 @@
 """The parallel layout of one job: how W ranks split into data and sequence parallelism.
 
 Built once from the config, validated before any process starts, and printed
-readably (`DP(2)-SP(2)-GA(4)`), which also names the run. FSDP shards over all
-W = dp * sp ranks; Ulysses attention needs the heads and the sequence to split
-evenly over sp.
+readably (`DP(2)-SP(2)-GA(4)`), which also names the run. W = dp * sp ranks;
+Ulysses attention needs the heads and the sequence to split evenly over sp.
+
+FSDP shards one copy of the model over W / dp_replicate ranks. With
+dp_replicate = R > 1 (HSDP) the dp ranks form R replicas, each sharded over
+dp / R of them (times sp): `DP(RxS)` names R replicas of S = dp / R shards
+(`DP(2x2)-SP(1)-GA(2)`); R = dp is plain DDP (`DP(4x1)`). The replicas still
+train on different rows of the batch, so the data split is over all dp ranks
+whatever R is. The mesh (`runner.model.parallel`) follows torchtitan's
+`ParallelDims` (pytorch/torchtitan, torchtitan/distributed/parallel_dims.py at
+0119de156de558030726b8539ef0078d8aaaec99): replicate outermost, then shard, then
+sequence; FSDP's 2-D mesh is (replicate, shard x sp).
 """
 
 from __future__ import annotations
@@ -29,17 +38,34 @@ class ParallelLayout:
     world_size: int
     sp: int
     grad_accum: int
+    dp_replicate: int = 1  # R: replicas of the model among the dp ranks (HSDP; R = dp is DDP)
 
     @classmethod
     def from_config(cls, cfg) -> ParallelLayout:
-        return cls(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum)
+        return cls(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum, dp_replicate=cfg.dp_replicate)
 
     @property
     def dp(self) -> int:
+        """Data-parallel ranks: each takes its own rows of the batch (replicas and shards alike)."""
         return self.world_size // self.sp
 
+    @property
+    def dp_shard(self) -> int:
+        """The dp ranks one replica spans (torchtitan's dp_shard)."""
+        return self.dp // self.dp_replicate
+
+    @property
+    def fsdp_shards(self) -> int:
+        """The ranks one copy of the model is sharded over: dp_shard x sp = W / R."""
+        return self.dp_shard * self.sp
+
+    @property
+    def replicated(self) -> bool:
+        return self.dp_replicate > 1
+
     def __str__(self) -> str:
-        return f"DP({self.dp})-SP({self.sp})-GA({self.grad_accum})"
+        dp = f"{self.dp_replicate}x{self.dp_shard}" if self.replicated else f"{self.dp}"
+        return f"DP({dp})-SP({self.sp})-GA({self.grad_accum})"
 
     def problems(
         self, *, global_batch: int, seq_len: int, n_heads: int | None, heads_field: str = "model.n_heads"
@@ -50,7 +76,13 @@ class ParallelLayout:
         None when the model has no valid shape (its own problem is reported elsewhere).
         """
         found: list[tuple[str, str]] = []
-        for name, value in (("world_size", self.world_size), ("sp", self.sp), ("grad_accum", self.grad_accum)):
+        sizes = (
+            ("world_size", self.world_size),
+            ("sp", self.sp),
+            ("grad_accum", self.grad_accum),
+            ("dp_replicate", self.dp_replicate),
+        )
+        for name, value in sizes:
             if value < 1:
                 found.append((name, f"{name}={value} must be >= 1"))
         if found:
@@ -76,6 +108,15 @@ class ParallelLayout:
                     "train.seq_len",
                     f"train.seq_len={seq_len} cannot be split into sp={self.sp} equal chunks; "
                     f"use a multiple of {self.sp} (e.g. {near_multiples(seq_len, self.sp)})",
+                )
+            )
+        if self.dp % self.dp_replicate:
+            found.append(
+                (
+                    "dp_replicate",
+                    f"dp_replicate={self.dp_replicate} does not divide dp = world_size / sp = "
+                    f"{self.world_size} / {self.sp} = {self.dp} (the replicas split the dp ranks evenly); "
+                    f"valid dp_replicate: {', '.join(map(str, divisors(self.dp)))}",
                 )
             )
         split = self.dp * self.grad_accum

@@ -2,6 +2,9 @@
 
 W = world size = dp * sp; M = grad_accum; L = the global token-mean loss. The
 math of each mode is written out in `runner.train.reduction`, next to the code.
+FSDP's mean is over all W ranks with HSDP too (`dp_replicate` > 1: the mean
+over a replica's shards, then over the replicas; `runner.model.parallel`), so
+no fact below depends on dp_replicate.
 
 | mode          | FSDP reduction | gradient   | role                | loss collectives per step    |
 |---------------|----------------|------------|---------------------|------------------------------|

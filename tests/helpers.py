@@ -56,7 +56,7 @@ def run_module(module: str, args: list[str], cwd: Path, env: dict | None = None,
 
 
 def step_one_batch(cfg: RunConfig):
-    """The global batch of step 1, drawn as the ranks draw it (the runner's data, no packing, its data.valid_tokens)."""
+    """The global batch of step 1, drawn as the ranks draw it (the runner's data, its data.packing and data.valid_tokens)."""
     from runner.data.batches import GlobalBatches, load_documents
 
     return GlobalBatches(
@@ -64,7 +64,7 @@ def step_one_batch(cfg: RunConfig):
         seq_len=cfg.train.seq_len,
         global_batch=cfg.train.global_batch,
         seed=cfg.seed,
-        packing=False,
+        packing=cfg.data.packing,
         valid_tokens=cfg.data.valid_tokens,
     )(1)
 

@@ -76,12 +76,17 @@ STRINGS = [
     ("custom.expect", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.expect=sideways"),
     ("custom.expect_layouts", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.expect_layouts="),
     ("custom.weighs", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.weighs=sideways"),
+    ("known_bug.buggy.expect", "sideways", [], "known_bug.buggy.expect=sideways"),
+    ("known_bug.fixed.expect", "0", [], "known_bug.fixed.expect=0"),
+    ("known_bug.buggy.fn", "null", ["known_bug.name=x", "known_bug.fixed.fn=a:b"], "needs known_bug.buggy.fn"),
+    ("known_bug.fixed.fn", "null", ["known_bug.name=x", "known_bug.buggy.fn=a:b"], "needs known_bug.fixed.fn"),
     ("fault.kind", "explode", [], "fault.kind=explode"),
     ("cost.modes", "[local,custom]", [], "cost.modes"),
     ("cost.modes", "[sum]", [], "must include local"),
 ]
 # Strings any value of which is valid: names and labels.
 FREE_TEXT = {"model.name", "wandb.project", "wandb.entity", "custom.rule", "custom.name"}
+FREE_TEXT |= {"known_bug.name", "known_bug.reference", "known_bug.signature"}  # read by the analysis as given
 
 
 NUMERIC = [(name, value) for name, kind, valid, _ in numeric_fields(RunConfig) for value in outside(name, kind, valid)]

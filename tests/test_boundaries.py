@@ -49,7 +49,11 @@ ANALYSIS_LAYERS = [
     ("analysis.nanstats",),  # NumPy's NaN-aware statistics without its per-line loop
     ("analysis.load",),  # records into DataFrames and [run, step] arrays; each run's identity; runs.parquet
     ("analysis.gradients", "analysis.cost"),  # the verdicts; the cost (interleaved inference, collective counts)
-    ("analysis.trainers", "analysis.post_training"),  # what the runs show about trainers' rules; post-training modes
+    (
+        "analysis.trainers",
+        "analysis.post_training",
+        "analysis.bugs",
+    ),  # what the runs show about trainers' rules, post-training modes, known bugs
     ("analysis.plots",),
     ("analysis.report",),  # the answer and one module per section (it names the plots' files and captions)
     ("analysis.wandb_log",),

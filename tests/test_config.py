@@ -35,7 +35,18 @@ def error_chain(error: BaseException) -> str:
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        ([], {"reduction": "sum", "world_size": 2, "grad_accum": 2, "sp": 1, "model.d_model": 64, "optim.clip": 1.0}),
+        (
+            [],
+            {
+                "reduction": "sum",
+                "world_size": 2,
+                "grad_accum": 2,
+                "sp": 1,
+                "dp_replicate": 1,
+                "model.d_model": 64,
+                "optim.clip": 1.0,
+            },
+        ),
         (["model=small"], {"model.n_layers": 4, "model.d_model": 256, "model.n_heads": 8}),
         (["model=gpt2_124m"], {"model.n_layers": 12, "model.d_model": 768, "model.vocab_size": 50304}),
         (["optim=sgd"], {"optim.name": "sgd", "optim.clip": 0.0, "optim.momentum": 0.9}),
@@ -62,6 +73,9 @@ def error_chain(error: BaseException) -> str:
             {"model.overrides.rope_parameters.rope_theta": 5e5},
         ),
         (["model=hf_llama", "world_size=4", "sp=4", "grad_accum=1"], {"sp": 4}),
+        (["world_size=4", "dp_replicate=2"], {"dp_replicate": 2}),  # HSDP: 2 replicas of 2 shards
+        (["world_size=4", "grad_accum=1", "dp_replicate=4"], {"dp_replicate": 4}),  # DDP
+        (["world_size=4", "sp=2", "dp_replicate=2"], {"dp_replicate": 2, "sp": 2}),  # 2 replicas of 1 dp rank x sp 2
     ],
 )
 def test_accepted_overrides(overrides, expected):
@@ -151,6 +165,15 @@ def test_composition_rejects(overrides, names):
         (["fault.kind=exit", "fault.step=61"], "fault.step", "valid: 1 to 60"),
         (["fault.kind=nan", "experiment=cost"], "fault.kind", "a cost job (cost.modes) injects no fault"),
         (["dist.timeout_s=0"], "dist.timeout_s", "> 0"),
+        (["dp_replicate=0"], "dp_replicate", "dp_replicate=0 must be >= 1"),
+        (
+            ["world_size=4", "dp_replicate=3"],
+            "dp_replicate",
+            "dp_replicate=3 does not divide dp = world_size / sp = 4 / 1 = 4 (the replicas split the dp ranks "
+            "evenly); valid dp_replicate: 1, 2, 4",
+        ),
+        (["world_size=4", "sp=2", "dp_replicate=4"], "dp_replicate", "= 4 / 2 = 2 (the replicas split"),
+        (["dp_replicate=1000000000000"], "dp_replicate", "valid dp_replicate: 1, 2"),
     ],
 )
 def test_validation_rejects_with_field_and_hint(overrides, field, hint):

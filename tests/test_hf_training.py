@@ -50,14 +50,16 @@ def _measured(model, cfg, group) -> tuple[float, list[float], dict[str, torch.Te
     return norm, sketch.tolist(), {name: p.grad.full_tensor() for name, p in model.named_parameters()}
 
 
-def world_step_one(world_size: int, layouts: list[tuple[int, int]], modes: list[Reduction], bf16: bool) -> dict:
+def world_step_one(
+    world_size: int, layouts: list[tuple[int, int]], modes: list[Reduction], bf16: bool, dp_replicate: int = 1
+) -> dict:
     """On every rank, per (model, sp, grad_accum, mode[, "bf16"]): step-1 (loss, grad norm, sketch, gradients, tied)."""
     results = {}
     for name in MODELS:
         cfg = _config(name)
         batch = step_one_batch(cfg)
         for sp, grad_accum in layouts:
-            layout = ParallelLayout(world_size, sp, grad_accum)
+            layout = ParallelLayout(world_size, sp, grad_accum, dp_replicate=dp_replicate)
             meshes = build_meshes(layout, "cpu")
             micro_batches = local_micro_batches(
                 batch, dp=layout.dp, dp_rank=meshes.dp_rank, sp=sp, sp_rank=meshes.sp_rank, grad_accum=grad_accum
@@ -132,6 +134,20 @@ def test_w2_ga2_modes_match_the_hf_reference(world2, references, model, mode):
 def test_w4_sp2_matches_the_hf_reference(world4, references, model, mode):
     """DP(2)-SP(2): Ulysses through transformers' attention interface, positions offset per chunk."""
     assert_matches(world4[model, 2, 1, mode], references[model], FACTOR[mode](4), f"{model} W=4 sp=2 {mode.value}")
+
+
+@pytest.fixture(scope="module")
+def world4_hsdp() -> dict:
+    """W=4 as DP(2x2)-SP(1)-GA(1): each decoder layer sharded over 2 ranks in each of 2 replicas (HSDP)."""
+    return run_in_world(world_step_one, 4, 4, [(1, 1)], [Reduction.sum, Reduction.local], False, 2)[0]
+
+
+@pytest.mark.parametrize("mode", [Reduction.sum, Reduction.local], ids=lambda m: m.value)
+@pytest.mark.parametrize("model", MODELS)
+def test_hsdp_matches_the_hf_reference(world4_hsdp, references, model, mode):
+    """dp_replicate=2: FSDP's mean over both replicas and shards, so `sum` gives grad L and `local` grad L / 4;
+    the tied head of hf_qwen2 stays one replicated parameter."""
+    assert_matches(world4_hsdp[model, 1, 1, mode], references[model], FACTOR[mode](4), f"{model} DP(2x2) {mode.value}")
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -46,6 +46,12 @@ OUTSIDE_THE_RANKS = {
     "custom.expect_layouts": lambda cfg: cfg.reduction.value == "custom",  # the analysis judges the run by it
     "custom.weighs": lambda cfg: cfg.reduction.value == "custom",  # the analysis' post-training table
     "cost.warmup_steps": lambda cfg: bool(cfg.cost.modes),  # the analysis leaves these steps out
+    **{f"known_bug.{key}": lambda cfg: True for key in ("name", "reference", "signature")},  # the known-bugs table
+    **{
+        f"known_bug.{arm}.{key}": lambda cfg: True
+        for arm in ("buggy", "fixed")
+        for key in ("fn", "fsdp_reduce", "expect")
+    },
 }
 
 

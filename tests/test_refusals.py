@@ -36,6 +36,12 @@ REFUSALS = [
     ),
     ("sp not dividing train.seq_len", ["sp=2", "train.seq_len=127"], ["train.seq_len", "126 or 128"]),
     ("global batch not divisible by dp x grad_accum", ["grad_accum=3"], ["train.global_batch=16", "multiple of 6"]),
+    ("dp_replicate < 1", ["dp_replicate=0"], ["dp_replicate=0", ">= 1"]),
+    (
+        "dp_replicate not dividing dp",
+        ["world_size=4", "dp_replicate=3"],
+        ["dp_replicate=3 does not divide dp = world_size / sp = 4 / 1 = 4", "valid dp_replicate: 1, 2, 4"],
+    ),
     ("grad_accum < 1", ["grad_accum=0"], ["grad_accum=0", ">= 1"]),
     ("train.steps < 1", ["train.steps=0"], ["train.steps=0", ">= 1"]),
     ("optim.lr <= 0", ["optim.lr=0"], ["optim.lr=0", "> 0"]),

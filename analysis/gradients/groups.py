@@ -12,7 +12,7 @@
   reference is its `sum` run: the one with funcol's SUM-backward all-reduce,
   the implementation checked against the single-process reference.
 - A family: runs identical except the reduction and the parallel layout
-  (`world_size`, `sp`, `grad_accum`). The global batch of every step is the
+  (`world_size`, `sp`, `grad_accum`, `dp_replicate`). The global batch of every step is the
   same for all of them (it is drawn from the seed and the step alone), so a completed `world_size=1`
   `sum` run of the family (the smallest grad_accum) is the ground truth for
   every layout: where one exists it is every run's baseline, else the group's
@@ -29,9 +29,10 @@ import pandas as pd
 
 from analysis.load.mode_labels import label_modes
 from analysis.load.sweeps import RUN_COLUMNS
+from runner.layout import ParallelLayout
 from runner.modes import MODE_KEYS
 
-LAYOUT = ["world_size", "sp", "grad_accum"]
+LAYOUT = ["world_size", "sp", "grad_accum", "dp_replicate"]
 # Keys that do not change a run's trajectory: how long, how often it prints,
 # where and whether it logs, the kill timeout, whether collectives are counted.
 NOT_EXPERIMENT = ("train.steps", "train.log_every", "timeout_s", "metrics.count_comm", "wandb.")
@@ -92,19 +93,15 @@ def _label_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
 
 
 def _layout_names(runs: pd.DataFrame) -> np.ndarray:
-    """DP(..)-SP(..)-GA(..) per run ("unknown layout" where its config could not be read)."""
+    """The layout's name per run, as the runner prints it (`runner.layout.ParallelLayout`: DP(2)-SP(1)-GA(2),
+    DP(2x2)-SP(1)-GA(2) for 2 replicas of 2 shards); "unknown layout" where its config could not be read."""
     known = runs[LAYOUT].notna().all(axis=1)
     sizes = runs[LAYOUT].where(known, 1).astype(int)
-    name = (
-        "DP("
-        + (sizes["world_size"] // sizes["sp"]).astype(str)
-        + ")-SP("
-        + sizes["sp"].astype(str)
-        + ")-GA("
-        + sizes["grad_accum"].astype(str)
-        + ")"
-    )
-    return np.where(known, name, "unknown layout")
+    names = [
+        str(ParallelLayout(world_size=w, sp=sp, grad_accum=m, dp_replicate=r))
+        for w, sp, m, r in sizes[LAYOUT].itertuples(index=False)
+    ]
+    return np.where(known, names, "unknown layout")
 
 
 def _baselines(runs: pd.DataFrame) -> tuple[pd.Series, np.ndarray]:

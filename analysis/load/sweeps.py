@@ -52,6 +52,7 @@ REQUIRED_CONFIG = {
     "world_size": np.nan,
     "sp": np.nan,
     "grad_accum": np.nan,
+    "dp_replicate": 1,  # HSDP replicas; a config written before the key ran one
     "data.packing": False,
     "optim.name": None,
     "optim.lr": np.nan,
@@ -243,6 +244,7 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs = pd.DataFrame([row for row, _ in loaded], columns=RUN_COLUMNS if not loaded else None)
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
+    runs["dp_replicate"] = runs["dp_replicate"].fillna(1)  # runs of older configs beside newer ones
     steps = _steps_frame(runs["run"].tolist(), [table for _, table in loaded])
     logged = steps.groupby("run", observed=True).size()
     not_finite = ~np.isfinite(steps["loss"].astype(float)) | ~np.isfinite(steps["grad_norm"].astype(float))

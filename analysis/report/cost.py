@@ -9,13 +9,24 @@ import pandas as pd
 
 from analysis.cost.interleaved import NULL_MODES
 from analysis.report.markdown import listed, table
+from runner.layout import ParallelLayout
 from runner.modes import MODES, facts, with_extra_collectives
 
 QUESTION = "Does a mode take more or less time a step than `local`?"
 
 
 def _layout(first: pd.Series) -> str:
-    return f"DP({int(first['world_size'] // first['sp'])})-SP({int(first['sp'])})-GA({int(first['grad_accum'])})"
+    """The cost job's layout by its name (`runner.layout.ParallelLayout`: DP(2x2)-SP(1)-GA(1) under HSDP); a
+    config without dp_replicate reads as 1."""
+    replicas = first.get("dp_replicate", 1)
+    return str(
+        ParallelLayout(
+            int(first["world_size"]),
+            int(first["sp"]),
+            int(first["grad_accum"]),
+            1 if pd.isna(replicas) else int(replicas),
+        )
+    )
 
 
 def cost_answer(job: pd.DataFrame) -> str:

@@ -296,3 +296,50 @@ def pg_run(
     return SyntheticRun(
         "custom", world_size, sp, grad_accum, steps=steps, factor=factor, turn=turn, paper=paper, overrides=custom
     )
+
+
+def known_bug_runs(
+    name: str,
+    *,
+    world_size: int = 2,
+    expect: str = "different",
+    buggy_factor: float = 1.0,
+    buggy_turn: float = 0.0,
+    fixed_factor: float = 1.0,
+    buggy_status: str = "completed",
+    steps: int = 3,
+) -> list[SyntheticRun]:
+    """A known bug's three arms as `-m bug=NAME` leaves them (conf/bug/): the reference `sum`, the buggy arm (its
+    gradient k times grad L and/or turned) and the fixed arm (k times grad L), sharing the bug's `known_bug.*`."""
+    bug = {
+        "known_bug.name": name,
+        "known_bug.reference": f"example/{name} #1",
+        "known_bug.signature": f"{name}'s reported signature",
+        "known_bug.buggy.fn": f"bugs.{name}:buggy",
+        "known_bug.buggy.expect": expect,
+        "known_bug.fixed.fn": f"bugs.{name}:fixed",
+        "known_bug.fixed.fsdp_reduce": "sum",
+    }
+
+    def arm(which: str, fsdp: str, arm_expect: str) -> dict:
+        return {
+            **bug,
+            "custom.fn": bug[f"known_bug.{which}.fn"],
+            "custom.fsdp_reduce": fsdp,
+            "custom.expect": arm_expect,
+        }
+
+    common = dict(world_size=world_size, steps=steps)
+    return [
+        SyntheticRun(reduction="sum", overrides=bug, **common),
+        SyntheticRun(
+            reduction="custom",
+            factor=buggy_factor,
+            turn=buggy_turn,
+            status=buggy_status,
+            fail_after=1 if buggy_status == "failed" else None,
+            overrides=arm("buggy", "mean", expect),
+            **common,
+        ),
+        SyntheticRun(reduction="custom", factor=fixed_factor, overrides=arm("fixed", "sum", "grad L"), **common),
+    ]

@@ -67,7 +67,7 @@ def _put_gradients(model: torch.nn.Module, grads: list[torch.Tensor | None]) -> 
 
 def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
     cfg, model, device = parts.cfg, parts.model, parts.device
-    group, world_size = parts.group, parts.layout.world_size
+    group = parts.group
     modes = [Reduction(m) for m in cfg.cost.modes]
     reducers = {m: parts.reducer(m) for m in modes}
     if cfg.cost.floor_calls:
@@ -82,8 +82,8 @@ def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
         elapsed = torch.zeros(len(modes), dtype=torch.float64)
         calls = {}
         for mode in order:
-            set_gradient_reduction(model, facts(mode).fsdp_reduction, world_size)
-            counter = CollectiveCounter() if step == 1 else None
+            set_gradient_reduction(model, facts(mode).fsdp_reduction)
+            counter = CollectiveCounter(parts.meshes.group_kinds()) if step == 1 else None
             dist.barrier(group=group)
             started = time.perf_counter()
             if counter is not None:
@@ -99,7 +99,7 @@ def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
                 kept, trained_loss = grads, step_loss
         world_elapsed = elapsed.to(device)
         dist.all_reduce(world_elapsed, op=dist.ReduceOp.MAX, group=group)  # each arm's world time
-        set_gradient_reduction(model, facts(cfg.reduction).fsdp_reduction, world_size)
+        set_gradient_reduction(model, facts(cfg.reduction).fsdp_reduction)
         _put_gradients(model, kept)
         grad_norm, clip_coef = optimizer_step(model, parts.optimizer, cfg.optim.clip)
 

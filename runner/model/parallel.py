@@ -1,8 +1,35 @@
 """Device mesh, sequence parallelism and FSDP2 sharding of a model (`runner.model.registry`).
 
-The mesh is (dp, sp). Ulysses attention runs on the sp dimension; FSDP shards
-parameters over the whole dp * sp world, so the gradient reduction (mean, or
-sum for `fsdp_sum`) runs over W = dp * sp.
+The W ranks are one 1-D mesh (`everyone`: the loss collectives), unflattened
+into the two views a run needs, as torchtitan's `ParallelDims.build_mesh`
+unflattens its world mesh into a data mesh and a computation mesh
+(pytorch/torchtitan, torchtitan/distributed/parallel_dims.py at
+0119de156de558030726b8539ef0078d8aaaec99):
+
+- `world` (dp, sp): a rank's rows of the batch and its chunk of the sequence;
+  Ulysses attention runs on `sp`.
+- `fsdp`: `everyone` itself when R = dp_replicate = 1 (FSDP over all W ranks),
+  else (replicate, shard_sp) of sizes (R, W / R), which `fully_shard` takes as
+  HSDP: parameters placed (Replicate(), Shard(0)), gradients reduce-scattered
+  over `shard_sp` (torchtitan's dp_shard_cp), then all-reduced over `replicate`.
+
+Both are row-major over the same ranks, replicate outermost and sp innermost
+(rank = (replica * dp_shard + shard) * sp + sp_rank), so dp rank =
+replica * dp_shard + shard: the replicas take different rows of the batch.
+
+FSDP's gradient reduction over W = R x S ranks (S = W / R), as
+`_get_gradient_divide_factors` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+chooses it for float32 and bfloat16, and as measured on gloo (tests/test_hsdp.py):
+
+- mean (the default, no divide factor): reduce-scatter AVG over S, then
+  all-reduce AVG over R: (1/R) sum_replicas (1/S) sum_shards g = (1/W) sum_r g_r.
+- sum (divide factor 1, SUM forced): reduce-scatter SUM, all-reduce SUM, then a
+  post-divide by 1: sum_r g_r over all W.
+- an explicit divide factor W without forced SUM would reduce-scatter with
+  PREMUL_SUM(1/W) (W is not the reduce-scatter group's size S), which gloo
+  lacks: so the mean is FSDP's default, never "divide by W".
+
+So every mode's gradient is the same multiple of grad L at any R.
 """
 
 from __future__ import annotations
@@ -22,12 +49,20 @@ from runner.model.ulysses import UlyssesAttention
 
 @dataclass(frozen=True)
 class Meshes:
-    world: DeviceMesh  # 2-D (dp, sp)
-    fsdp: DeviceMesh  # 1-D, all W ranks: FSDP sharding and the loss collectives
+    world: DeviceMesh  # 2-D (dp, sp): the data split and Ulysses
+    fsdp: DeviceMesh  # FSDP's: `everyone` when dp_replicate = 1, else 2-D (replicate, shard_sp): HSDP
+    everyone: DeviceMesh  # 1-D, all W ranks
+    loss_group: dist.ProcessGroup  # all W ranks: the loss collectives (a group of their own under HSDP)
 
     @property
     def world_group(self) -> dist.ProcessGroup:
-        return self.fsdp.get_group()
+        return self.loss_group
+
+    def group_kinds(self) -> dict[str, str]:
+        """For the collective counter: FSDP's all-reduce over the replicas is `replica_all_reduce`, not the loss's."""
+        if self.fsdp.ndim == 1:
+            return {}
+        return {self.fsdp["replicate"].get_group().group_name: "replica_all_reduce"}
 
     @property
     def sp_group(self) -> dist.ProcessGroup:
@@ -43,8 +78,14 @@ class Meshes:
 
 
 def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
-    world = init_device_mesh(device_type, (layout.dp, layout.sp), mesh_dim_names=("dp", "sp"))
-    return Meshes(world=world, fsdp=world["dp", "sp"]._flatten("dp_sp"))
+    everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("dp_sp",))
+    world = everyone._unflatten(0, (layout.dp, layout.sp), ("dp", "sp"))
+    if not layout.replicated:
+        return Meshes(world=world, fsdp=everyone, everyone=everyone, loss_group=everyone.get_group())
+    fsdp = everyone._unflatten(0, (layout.dp_replicate, layout.fsdp_shards), ("replicate", "shard_sp"))
+    # The loss collectives get a group of their own, so the collective counter tells them from FSDP's all-reduce
+    # over the replicas: under DDP that spans every rank and is the default group, as `everyone`'s is.
+    return Meshes(world=world, fsdp=fsdp, everyone=everyone, loss_group=dist.new_group())
 
 
 def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPolicy:
@@ -59,13 +100,13 @@ def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPol
 def parallelize(
     model: nn.Module, meshes: Meshes, fsdp_reduction: str = "mean", mp: MixedPrecisionConfig | None = None
 ) -> nn.Module:
-    """Ulysses attention when sp > 1; fully_shard per layer (`model.layers()`) and at the root over all W ranks.
+    """Ulysses attention when sp > 1; fully_shard per layer (`model.layers()`) and at the root on FSDP's mesh
+    (all W ranks, or HSDP's replicas of W / R shards).
 
-    `fsdp_reduction` "sum" turns FSDP's gradient mean into a true sum (`fsdp_sum`).
+    `fsdp_reduction` "sum" turns FSDP's gradient mean over W into a true sum over W (`fsdp_sum`).
     With a bfloat16 `mp.reduce_dtype`, no mode reaches PREMUL_SUM (whose bf16
-    path is the one a known PyTorch issue zeroes): the mean is ReduceOp.AVG
-    (divide factor W equals the reduce-scatter group's size) and the sum is a
-    forced plain SUM.
+    path is the one a known PyTorch issue zeroes): the mean is FSDP's default
+    ReduceOp.AVG (over the replicas too) and the sum is a forced plain SUM.
     """
     if meshes.world["sp"].size() > 1:
         model.use_attention(UlyssesAttention(meshes.sp_group))
@@ -74,23 +115,27 @@ def parallelize(
         fully_shard(layer, mesh=meshes.fsdp, mp_policy=policy)
     fully_shard(model, mesh=meshes.fsdp, mp_policy=policy)
     if fsdp_reduction != "mean":
-        set_gradient_reduction(model, fsdp_reduction, meshes.fsdp.size())
+        set_gradient_reduction(model, fsdp_reduction)
     return model
 
 
-def set_gradient_reduction(model: nn.Module, fsdp_reduction: str, world_size: int) -> None:
-    """FSDP's gradient reduction: "sum" (a true sum), or "mean" over the W ranks.
+def set_gradient_reduction(model: nn.Module, fsdp_reduction: str) -> None:
+    """FSDP's gradient reduction over all W ranks: "sum" (a true sum), or "mean" (FSDP's default).
 
     Both setters act on one FSDP module only, so apply them to every one.
     Divide factor 1.0 alone asks for PREMUL_SUM, which gloo lacks; forcing
-    SUM-only comms makes it a plain SUM on every backend. The mean is divide
-    factor W without forced SUM, which FSDP turns into ReduceOp.AVG as by default.
-    (The cost measurement switches one model between modes with this.)
+    SUM-only comms makes it a plain SUM on every backend (reduce-scatter and,
+    under HSDP, the replicas' all-reduce). The mean is FSDP's own default,
+    restored as it was built (no divide factor, no forced SUM): ReduceOp.AVG
+    over the shards and over the replicas. A divide factor of W instead would
+    be PREMUL_SUM under HSDP (the module docstring). (The cost measurement
+    switches one model between modes with this.)
     """
     if fsdp_reduction not in ("mean", "sum"):
         raise ValueError(f"FSDP reduction {fsdp_reduction!r}: valid: mean, sum")
     summing = fsdp_reduction == "sum"
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0 if summing else float(world_size))
+            # None is FSDPParamGroup's initial gradient_divide_factor: FSDP's default mean.
+            module.set_gradient_divide_factor(1.0 if summing else None)
             module.set_force_sum_reduction_for_comms(summing)

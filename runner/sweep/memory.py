@@ -2,11 +2,12 @@
 with the fields that make it big instead of dying in a rank (out of memory, or the kernel's OOM killer).
 
 Per CPU rank of the runner's own decoder, in bytes (W ranks, dp x sp of them,
+S = W / dp_replicate of them sharing one copy of the model (W without HSDP),
 M micro-batches; P parameters; B = train.global_batch, T = train.seq_len):
 
-    parameters   16 P / W          sharded fp32 weights, gradients and AdamW's two moments
+    parameters   16 P / S          sharded fp32 weights, gradients and AdamW's two moments
                  + 4 P_layer + 4 P_root   one decoder layer and the root (embedding, head) unsharded in use
-    sketch       8 K P / W         metrics.sketch_dim projections of this rank's shard, float64
+    sketch       8 K P / S         metrics.sketch_dim projections of this rank's shard, float64
     batches      32 B T            every rank draws the whole global batch: inputs and labels, int64, and a copy
     activations  b t (12 V + 4 L (10 d + 3 f)) + 4 b (H / sp) T^2    for b = B / (dp M) sequences of t = T / sp
                  positions: logits with their float copy and gradient, what each layer keeps for backward,
@@ -52,19 +53,24 @@ def rank_memory(cfg: DictConfig) -> list[tuple[float, str, list[str]]]:
     per_layer = 4 * d * d + 3 * d * ffn + 2 * d
     root = vocab * d * (1 if shape.tied else 2) + d
     params = layers * per_layer + root
-    world, batch, seq = layout.world_size, cfg.train.global_batch, cfg.train.seq_len
+    shards, batch, seq = max(1, layout.fsdp_shards), cfg.train.global_batch, cfg.train.seq_len
     rows = max(1, batch // (layout.dp * layout.grad_accum))
     chunk = seq // layout.sp
     model_fields = [name for name, _ in shape.size_fields]
+    sharding = ["dp_replicate"] if layout.replicated else []  # more replicas, bigger shards
     activations = (
         rows * chunk * (12 * vocab + 4 * layers * (10 * d + 3 * ffn)) + 4 * rows * (heads // layout.sp) * seq**2
     )
     return [
-        (16 * params / world + 4 * (per_layer + root), "the model, its gradients and AdamW's moments", model_fields),
         (
-            8 * cfg.metrics.sketch_dim * params / world,
+            16 * params / shards + 4 * (per_layer + root),
+            "the model, its gradients and AdamW's moments",
+            [*model_fields, *sharding],
+        ),
+        (
+            8 * cfg.metrics.sketch_dim * params / shards,
             "the gradient sketch's projections",
-            ["metrics.sketch_dim", *model_fields],
+            ["metrics.sketch_dim", *model_fields, *sharding],
         ),
         (32 * batch * seq, "the global batch of a step", ["train.global_batch", "train.seq_len"]),
         (activations, "the activations of one micro-batch", ["train.seq_len", "train.global_batch", *model_fields]),

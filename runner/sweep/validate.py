@@ -68,6 +68,7 @@ def config_problems(cfg: DictConfig, *, sweeping: bool = False, explained: tuple
     problems += vocab_problems(cfg, shape)
     problems += cost_problems(cfg)
     problems += custom_problems(cfg)
+    problems += known_bug_problems(cfg)
     problems += _fault_problems(cfg)
     # Keys this job would not read (`runner.sweep.ignored`; `explained`: keys a trainer's message covers).
     problems += ignored_key_problems(cfg, sweeping=sweeping, besides=explained)[0]
@@ -241,6 +242,25 @@ def custom_problems(cfg: DictConfig) -> Problems:
             custom_expectation(cfg.custom.expect, cfg.world_size)
         except ValueError as error:
             found.append(("custom.expect", f"custom.expect={cfg.custom.expect}: {error}"))
+    return found
+
+
+def known_bug_problems(cfg: DictConfig) -> Problems:
+    """A known bug (conf/bug/NAME.yaml) names both arms' rules, and each arm's expectation is readable."""
+    found = []
+    for arm in ("buggy", "fixed"):
+        given = cfg.known_bug[arm]
+        if cfg.known_bug.name is not None and given.fn is None:
+            found.append(
+                (
+                    f"known_bug.{arm}.fn",
+                    f"known_bug.name={cfg.known_bug.name} needs known_bug.{arm}.fn=MODULE:CALLABLE, the {arm} arm's rule",
+                )
+            )
+        try:
+            custom_expectation(given.expect, cfg.world_size)
+        except ValueError as error:
+            found.append((f"known_bug.{arm}.expect", f"known_bug.{arm}.expect={given.expect}: {error}"))
     return found
 
 

@@ -9,6 +9,10 @@ the all-to-alls of sequence parallelism. Nothing is tallied by hand.
 
 - bytes: the size of the input this rank contributes (for an all-gather its
   shard, for a reduce-scatter its full buffer);
+- kind: the op's (all_reduce, all_gather, ...), or the name a caller gives
+  the collectives of one process group (`group_kinds`): under HSDP, FSDP's
+  all-reduce of the gradients over the replicas is `replica_all_reduce`, so
+  that `all_reduce` stays the loss's;
 - seconds: issue-to-completion latency, summed. c10d ops report completion
   through their Work's future (a Work without one, such as gloo's emulated
   reduce-scatter, has completed when its call returns); functional ones when
@@ -22,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 
 import torch
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
@@ -77,6 +82,17 @@ def _payload_bytes(func, args, kwargs) -> int:
     return 0
 
 
+def _group_name(func, args, kwargs) -> str | None:
+    """The process group's name of a collective: c10d ops take the group (boxed), functional ones its name."""
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name in ("process_group", "group_name"):
+            value = args[position] if position < len(args) else kwargs.get(argument.name)
+            if isinstance(value, torch.ScriptObject):
+                return torch._C._distributed_c10d.ProcessGroup.unbox(value).group_name
+            return value if isinstance(value, str) else None
+    return None
+
+
 def _first_tensor(value) -> torch.Tensor | None:
     if isinstance(value, torch.Tensor):
         return value
@@ -89,8 +105,10 @@ def _first_tensor(value) -> torch.Tensor | None:
 
 
 class CollectiveCounter(TorchDispatchMode):
-    def __init__(self) -> None:
+    def __init__(self, group_kinds: Mapping[str, str] | None = None) -> None:
+        """`group_kinds`: {process group name: kind} for the collectives counted apart (`Meshes.group_kinds`)."""
         super().__init__()
+        self._group_kinds = dict(group_kinds or {})
         self._lock = threading.Lock()
         self._calls: dict[str, int] = defaultdict(int)
         self._bytes: dict[str, int] = defaultdict(int)
@@ -112,6 +130,8 @@ class CollectiveCounter(TorchDispatchMode):
             if name == _WAIT_TENSOR:
                 self._finish_functional(args[0])
             return out
+        if self._group_kinds:
+            kind = self._group_kinds.get(_group_name(func, args, kwargs), kind)
         issued = time.perf_counter()
         out = func(*args, **kwargs)
         with self._lock:

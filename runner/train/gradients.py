@@ -6,6 +6,14 @@
   p_k is drawn per parameter name from `sketch_seed`, never from the run's
   seed or layout, so sketches of two runs compare directly: runs whose
   gradients differ by a factor c have sketches that differ by c.
+
+Under HSDP (`dp_replicate` = R > 1) a gradient is a DTensor placed
+(Replicate(), Shard(0)): the R replicas hold the same shards. The norm stays
+right: DTensor's local norms are Partial over the shard dim only, so its
+all-reduce sums squares over one replica's shards, never over the replicas.
+The sketch's sum over all W ranks would count each shard R times, so only the
+ranks at replica 0 (coordinate 0 on every replicated mesh dim) keep
+projections of it: the others contribute nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +51,15 @@ def clip_gradients(model: nn.Module, max_norm: float) -> tuple[float, float]:
     return total_norm.item(), clip_coef.item()
 
 
+def _owned_here(param: torch.Tensor) -> bool:
+    """Whether this rank counts `param`'s local shard in the world's sum: it is the first of the replicas
+    that hold it (coordinate 0 on every mesh dim where it is Replicate()); a plain tensor is this rank's own."""
+    if not isinstance(param, DTensor):
+        return True
+    coordinate = param.device_mesh.get_coordinate()
+    return all(c == 0 for c, placement in zip(coordinate, param.placements) if placement.is_replicate())
+
+
 class GradientSketch:
     """K fixed projections, stored as this rank's slices in float64 (K x the shard: 8.9 MB for `tiny` at W=1).
 
@@ -51,16 +68,17 @@ class GradientSketch:
     """
 
     def __init__(self, model: nn.Module, dim: int, sketch_seed: int):
-        self.params = list(model.parameters())
+        named = [(name, param) for name, param in model.named_parameters() if _owned_here(param)]
+        self.params = [param for _, param in named]
         self.sizes = [_local(param).numel() for param in self.params]  # this rank's elements of each
-        device = self.params[0].device
+        device = next(model.parameters()).device
         # [K, this rank's elements of every parameter, end to end], in float64 once rather than every step.
         self.flat = torch.empty((dim, sum(self.sizes)), dtype=torch.float64, device=device)
         self.zeros = {
             size: torch.zeros(size, device=device) for size in set(self.sizes)
         }  # for a parameter without a gradient
         start = 0
-        for (name, param), size in zip(model.named_parameters(), self.sizes):
+        for (name, param), size in zip(named, self.sizes):
             generator = torch.Generator().manual_seed(sketch_seed * 1_000_003 + zlib.crc32(name.encode()))
             full = torch.randn((dim, *param.shape), generator=generator)
             # Only this rank's slice is kept: K times the whole model on every rank would not fit.
@@ -82,4 +100,6 @@ class GradientSketch:
         grads = [
             _local(p.grad).reshape(-1) if p.grad is not None else self.zeros[n] for p, n in zip(self.params, self.sizes)
         ]
+        if not grads:  # a replica other than the first: its shards are counted there
+            return self.flat.new_zeros(self.flat.shape[0])
         return self.flat @ torch.cat(grads).double()

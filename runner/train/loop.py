@@ -54,7 +54,7 @@ class Trainer:
         self.sketch = (
             GradientSketch(parts.model, metrics.sketch_dim, metrics.sketch_seed) if metrics.sketch_dim else None
         )
-        self.meter = StepMeter(parts.device, metrics, self.cfg.train.steps)
+        self.meter = StepMeter(parts.device, metrics, self.cfg.train.steps, parts.meshes.group_kinds())
         self.tokens = 0
         self.pending: list[tuple[dict, torch.Tensor]] = []  # records awaiting their world figures, with this rank's row
 
@@ -85,8 +85,9 @@ class Trainer:
         layout, meter = self.parts.layout, self.meter
         self.tokens += step_loss.valid_tokens
         fewest, most = micro_batch_token_range(batch, dp=layout.dp, grad_accum=self.cfg.grad_accum)
-        # FSDP2 on one mesh moves parameters and gradients with all-gathers and reduce-scatters, Ulysses
-        # moves activations with all-to-alls: every all-reduce of forward/backward is the loss's (N and the mode's own).
+        # FSDP2 moves parameters and gradients with all-gathers and reduce-scatters (and under HSDP an all-reduce
+        # over the replicas, counted as replica_all_reduce), Ulysses moves activations with all-to-alls: every
+        # all_reduce of forward/backward is the loss's (N and the mode's own).
         counted = meter.comm if meter.counting else None  # sampled steps only: calls and bytes are the same every step
         return {
             "step": step,

@@ -31,11 +31,11 @@ def synchronize(device: torch.device) -> None:
 
 
 class StepMeter:
-    def __init__(self, device: torch.device, metrics: MetricsConfig, steps: int):
+    def __init__(self, device: torch.device, metrics: MetricsConfig, steps: int, group_kinds: dict | None = None):
         self.device = device
         self.metrics = metrics
         self.steps = steps
-        self.counter = CollectiveCounter() if metrics.count_comm else None
+        self.counter = CollectiveCounter(group_kinds) if metrics.count_comm else None
 
     def start(self, step: int) -> None:
         self.counting = self.counter is not None and counted_step(step, self.steps, self.metrics)

@@ -82,6 +82,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
         "reduction": cfg.reduction.value,
         "world_size": cfg.world_size,
         "dp": layout.dp,
+        "dp_replicate": layout.dp_replicate,
         "sp": layout.sp,
         "grad_accum": cfg.grad_accum,
         "layout": str(layout),

@@ -1,0 +1,143 @@
+"""The known-bugs table (bugs.csv; the report's "Known bugs" section: `analysis.report.bugs`).
+
+A known bug's runs (conf/bug/NAME.yaml, `experiment=bugs`) share `known_bug.*` and its layout, so they form
+one comparison group: the buggy arm (`known_bug.buggy`: the upstream logic before the fix), the fixed arm
+(`known_bug.fixed`) and the reference `sum`. An arm is told by its rule and FSDP reduction (the two arms
+of a bug may share a rule, as torchtitan's loss under DDP's mean and under a sum). Per bug, from the
+verdicts (each arm against the group's baseline, step 1's gradient sketch):
+
+- buggy vs reference, fixed vs reference: the verdict and factor (grad L x k, or another direction with
+  its cosine);
+- buggy vs fixed: the ratio of their step-1 gradient scales and of their step-1 grad norms;
+- reproduced: the buggy arm gives what `known_bug.buggy.expect` states (the factor to `scale_rtol`, or
+  another direction) and the fixed arm gives grad L. Anything else is "not reproduced", with the reason:
+  an arm missing, failed or never run, the bug not showing at this layout (the buggy arm gives grad L),
+  another factor than stated, or a fix that is not equivalent to the reference.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.gradients.expected import SAME
+from analysis.gradients.verdicts import factor_label
+from runner.modes import CUSTOM
+
+COLUMNS = {
+    "bug": "bug",
+    "reference": "reference",
+    "layout": "layout",
+    "signature": "reported signature",
+    "buggy_vs_reference": "buggy vs reference",
+    "buggy_vs_fixed": "buggy vs fixed",
+    "fixed_vs_reference": "fixed vs reference",
+    "result": "result",
+    "why": "why",
+}
+ARMS = ("buggy", "fixed")
+
+
+def _arm_of(runs: pd.DataFrame, arm: str) -> pd.Series:
+    """Whether each run is the bug's `arm`: a custom run of that arm's rule under that arm's FSDP reduction."""
+    custom = runs.get("custom.fn")
+    if custom is None or f"known_bug.{arm}.fn" not in runs:
+        return pd.Series(False, index=runs.index)
+    return (
+        runs["gradient"].eq(CUSTOM)
+        & (custom == runs[f"known_bug.{arm}.fn"])
+        & (runs["custom.fsdp_reduce"].astype(str) == runs[f"known_bug.{arm}.fsdp_reduce"].astype(str))
+    )
+
+
+def _against(row: pd.Series | None) -> str:
+    """An arm's measured gradient against the reference's, in words."""
+    if row is None:
+        return "no run"
+    verdict = row["verdict"]
+    if verdict in SAME:
+        return f"grad L ({verdict}, ×{row['factor']:.6g})"
+    if verdict == "rescaled":
+        return f"grad L × {row['factor_label']}"
+    if verdict == "different":
+        return f"another direction (step-1 cosine {row['sketch_cos_step1']:.4f}, scale ×{row['factor']:.4g})"
+    return f"{verdict}: {row['reason']}"
+
+
+def _ratio(buggy: pd.Series | None, fixed: pd.Series | None) -> str:
+    """The buggy arm's step-1 gradient scale and grad norm over the fixed arm's."""
+    if buggy is None or fixed is None or buggy["verdict"] not in SAME | {"rescaled", "different"}:
+        return ""
+    if fixed["verdict"] not in SAME | {"rescaled", "different"}:
+        return ""
+    scale = buggy["factor"] / fixed["factor"]
+    norm = buggy["grad_norm_ratio_step1"] / fixed["grad_norm_ratio_step1"]
+    return f"scale ×{factor_label(scale)}, grad norm ×{norm:.4g}"
+
+
+def _judge(buggy: pd.Series | None, fixed: pd.Series | None, expect: str) -> tuple[str, str]:
+    """("reproduced" or "not reproduced", why)."""
+    for arm, row in (("buggy", buggy), ("fixed", fixed)):
+        if row is None:
+            return "not reproduced", f"no {arm} arm among the runs"
+        if row["verdict"] in ("failed", "not run", "no reference"):
+            return "not reproduced", f"the {arm} arm {row['verdict']}: {row['reason']}"
+    if fixed["verdict"] not in SAME:
+        return "not reproduced", f"the fix is not equivalent to the reference: it gives {_against(fixed)}"
+    if buggy["verdict"] in SAME:
+        return "not reproduced", "the buggy arm gives grad L at this layout: the bug does not show"
+    if not bool(buggy["as_expected"]):
+        return "not reproduced", f"the buggy arm gives {_against(buggy)}, not the stated {expect}"
+    shown = "another direction" if buggy["verdict"] == "different" else f"grad L × {buggy['factor_label']}"
+    return "reproduced", f"the buggy arm gives {shown}, as stated; the fix gives grad L"
+
+
+def _layout(run: pd.Series) -> str:
+    data = []
+    if run.get("data.packing") is True or str(run.get("data.packing")) == "True":
+        data.append("packed")
+    if str(run.get("data.valid_tokens", "full")) != "full":
+        data.append(f"valid_tokens={run['data.valid_tokens']}")
+    return run["layout"] + (f" ({', '.join(data)})" if data else "")
+
+
+def _launched(run: pd.Series) -> tuple:
+    """A run's place in its sweep: (sweep, the job number its folder starts with), so bugs come in launch order."""
+    number = str(run.get("job", "")).split("_", 1)[0]
+    return (str(run.get("sweep", "")), int(number) if number.isdigit() else -1, str(run.get("job", "")))
+
+
+def bugs_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """One row per known bug in the sweep (empty: none)."""
+    if "known_bug.name" not in runs or not runs["known_bug.name"].notna().any():
+        return pd.DataFrame(columns=["run_buggy", "run_fixed", *COLUMNS, "expected"])
+    measured = pd.concat([runs, table.drop(columns=[c for c in table if c in runs])], axis=1)
+    measured = measured.iloc[sorted(range(len(measured)), key=lambda i: _launched(measured.iloc[i]))]
+    rows = []
+    for name, bug in measured[measured["known_bug.name"].notna()].groupby("known_bug.name", sort=False):
+        arms = {arm: bug[_arm_of(bug, arm)] for arm in ARMS}
+        buggy, fixed = (arms[arm].iloc[0] if len(arms[arm]) else None for arm in ARMS)
+        expect = str(bug["known_bug.buggy.expect"].iloc[0])
+        result, why = _judge(buggy, fixed, expect)
+        first = bug.iloc[0]
+        rows.append(
+            {
+                "run_buggy": None if buggy is None else buggy["run"],
+                "run_fixed": None if fixed is None else fixed["run"],
+                "bug": name,
+                "reference": first["known_bug.reference"],
+                "layout": _layout(first),
+                "signature": first["known_bug.signature"],
+                "expected": expect,
+                "buggy_vs_reference": _against(buggy),
+                "buggy_vs_fixed": _ratio(buggy, fixed),
+                "fixed_vs_reference": _against(fixed),
+                "result": result,
+                "why": why,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def bugs_csv(rows: pd.DataFrame) -> pd.DataFrame:
+    """bugs.csv: the report's columns (named as there), the buggy arm's stated expectation and both arms' runs."""
+    return rows[[*COLUMNS, "expected", "run_buggy", "run_fixed"]].rename(columns=COLUMNS)

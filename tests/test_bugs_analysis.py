@@ -1,0 +1,81 @@
+"""The "Known bugs" section, bugs.csv and `--check` on synthetic sweeps whose answers are known by construction
+(analysis/testing/synthetic.py: each bug's reference, buggy and fixed arms, the buggy arm's gradient scaled or
+turned as a bug would)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.__main__ import main
+from analysis.pipeline import analyze
+from analysis.testing.synthetic import known_bug_runs, write_sweep
+
+
+def analysed(tmp_path, runs):
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    return sweep, analyze([sweep], tmp_path / "out", make_plots=False, wandb_mode="disabled")
+
+
+def test_stated_factors_and_directions_are_reproduced_and_check_passes(tmp_path, capsys):
+    runs = (
+        known_bug_runs("halved", expect="1/2", buggy_factor=0.5)
+        + known_bug_runs("ga_times_4", world_size=1, expect="4", buggy_factor=4.0)
+        + known_bug_runs("turned", expect="different", buggy_turn=0.4, buggy_factor=1.3)
+    )
+    sweep, result = analysed(tmp_path, runs)
+    bugs = result.bugs.set_index("bug")
+    assert list(bugs["result"]) == ["reproduced"] * 3
+    assert bugs.loc["halved", "buggy_vs_reference"] == "grad L × 1/2"
+    assert bugs.loc["halved", "buggy_vs_fixed"].startswith("scale ×1/2, grad norm ×0.5")
+    assert bugs.loc["ga_times_4", "buggy_vs_reference"] == "grad L × 4"
+    assert bugs.loc["turned", "buggy_vs_reference"].startswith("another direction (step-1 cosine 0.9211")
+    assert bugs.loc["turned", "fixed_vs_reference"].startswith("grad L (")
+    assert bugs.loc["ga_times_4", "layout"] == "DP(1)-SP(1)-GA(1)"
+    csv = pd.read_csv(tmp_path / "out" / "bugs.csv")
+    assert list(csv["result"]) == ["reproduced"] * 3 and "reported signature" in csv
+    report = (tmp_path / "out" / "report.md").read_text()
+    section = report.split("## Known bugs\n\n", 1)[1]
+    assert section.startswith(
+        "Does each known bug reproduce here, and does its fix give the reference's gradient? Yes: all 3"
+    )
+    assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 0
+    assert "all 3 known bugs reproduced" in capsys.readouterr().out
+
+
+CASES = {
+    # name: (known_bug_runs arguments, the reason's words)
+    "no_effect": (dict(expect="1/2", buggy_factor=1.0), "gives grad L at this layout: the bug does not show"),
+    "other_factor": (dict(expect="1/2", buggy_factor=0.25), "gives grad L × 1/4, not the stated 1/2"),
+    "fix_not_equivalent": (dict(expect="1/2", buggy_factor=0.5, fixed_factor=0.5), "the fix is not equivalent"),
+    "buggy_failed": (dict(expect="different", buggy_status="failed"), "the buggy arm failed"),
+    "stated_factor_but_turned": (dict(expect="2", buggy_factor=2.0, buggy_turn=0.5), "another direction"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bug_that_does_not_show_or_a_fix_that_is_not_the_reference_is_not_reproduced_and_check_fails(
+    tmp_path, capsys, case
+):
+    kwargs, reason = CASES[case]
+    runs = known_bug_runs("fine", expect="1/2", buggy_factor=0.5) + known_bug_runs(case, **kwargs)
+    sweep, result = analysed(tmp_path, runs)
+    bugs = result.bugs.set_index("bug")
+    assert bugs.loc["fine", "result"] == "reproduced"
+    assert bugs.loc[case, "result"] == "not reproduced"
+    assert reason in bugs.loc[case, "why"]
+    answer = (tmp_path / "out" / "report.md").read_text().split("## Known bugs\n\n", 1)[1].splitlines()[0]
+    assert answer.startswith(
+        f"Does each known bug reproduce here, and does its fix give the reference's gradient? No: 1 of 2 reproduced; not reproduced: {case}: "
+    )
+    assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "check FAILED: 1 of 2 known bug(s) not reproduced:" in out and f"  {case} (example/{case} #1): " in out
+
+
+def test_a_sweep_without_known_bugs_has_no_such_section(tmp_path):
+    from analysis.testing.synthetic import SyntheticRun
+
+    _, result = analysed(tmp_path, [SyntheticRun("sum"), SyntheticRun("local", factor=0.5)])
+    assert result.bugs.empty and "## Known bugs" not in (tmp_path / "out" / "report.md").read_text()
+    assert not (tmp_path / "out" / "bugs.csv").exists()
