@@ -64,7 +64,11 @@ def bases(data: Path) -> list[tuple[str, object]]:
         base("sum-sgd", optim__name="sgd", optim__lr=0.2, optim__momentum=0.9, optim__clip=0.0),
         base("custom-hf-sgd", "hf_llama", reduction="custom", optim__name="sgd", **CUSTOM),
         # a rule that declares graph_all_reduce="configured": its ctx.all_reduce reads autograd_all_reduce
-        base("custom-configured", reduction="custom", custom__fn="runner.trainers.counterexample:sum_backward_under_fsdp_sum"),
+        base(
+            "custom-configured",
+            reduction="custom",
+            custom__fn="runner.trainers.counterexample:sum_backward_under_fsdp_sum",
+        ),
         base("sum-wandb", wandb__mode="offline"),
         base("sum-no-sketch", metrics__sketch_dim=0),
         base("sum-no-counts", metrics__count_comm=False),

@@ -23,8 +23,11 @@ from analysis.testing.synthetic import SyntheticRun, write_sweep
 LAYOUT = dict(world_size=2, grad_accum=2)
 
 
-def custom(name: str, fsdp: str = "mean", expect: str | None = None, **changes) -> SyntheticRun:
+def custom(name: str, fsdp: str = "mean", expect: str | None = None, named: bool = True, **changes) -> SyntheticRun:
+    """A custom rule my_trainers:NAME; `named`: with custom.name NAME (the trainers' presets name theirs)."""
     overrides = {"custom.fn": f"my_trainers:{name}", "custom.fsdp_reduce": fsdp, "custom.rule": f"rule of {name}"}
+    if named:
+        overrides["custom.name"] = name
     if expect is not None:
         overrides["custom.expect"] = expect
     return SyntheticRun("custom", overrides=overrides, **LAYOUT, **changes)
@@ -37,10 +40,11 @@ def trainer_runs() -> list[SyntheticRun]:
         SyntheticRun("sum", overrides={"autograd_all_reduce": "torch_nn"}, **LAYOUT),
         SyntheticRun("local", factor=0.5, loss_shift_from=12, **LAYOUT),
         custom("titan", fsdp="sum", expect="grad L", factor=1 + 1e-7),
+        custom("titan", fsdp="mean", expect="grad L / W", factor=0.5, loss_shift_from=12),  # one fn, another FSDP
         custom("hf", expect="grad L"),
         custom("per_rank_mean", expect="different", turn=0.05, loss_shift_from=20),
         custom("doubled", expect="2", factor=2.0),
-        custom("unstated", factor=0.25),
+        custom("unstated", factor=0.25, named=False),
         custom("wrongly_stated", expect="grad L / W"),
     ]
 
@@ -56,6 +60,14 @@ def by_label(verdicts: pd.DataFrame) -> dict[str, pd.Series]:
     return {row["reduction"]: row for _, row in verdicts.iterrows()}
 
 
+def label(name: str, fsdp: str = "mean") -> str:
+    """The mode label of custom(name, fsdp) (`runner.modes.run_mode_label`)."""
+    return f"{name} [FSDP {fsdp}]"
+
+
+UNNAMED = "custom:my_trainers:unstated [FSDP mean]"  # no custom.name: the callable names it
+
+
 def test_the_modes_keys_make_labels_not_groups_and_the_baseline_is_the_funcol_sum(analysed):
     _, result = analysed
     rows = by_label(result.verdicts)
@@ -63,10 +75,15 @@ def test_the_modes_keys_make_labels_not_groups_and_the_baseline_is_the_funcol_su
     reference = rows["sum"]
     assert reference["verdict"] == "reference"
     assert set(result.verdicts["baseline"]) == {reference["run"]}
-    assert {"sum[identity]", "sum[torch_nn]", "custom:my_trainers:titan", "custom:my_trainers:doubled"} <= set(rows)
-    assert (
-        rows["sum[identity]"]["fsdp_reduction"] == "mean"
-        and rows["custom:my_trainers:titan"]["fsdp_reduction"] == "sum"
+    assert {"sum[identity]", "sum[torch_nn]", label("titan", "sum"), label("titan"), label("doubled"), UNNAMED} == (
+        set(rows) - {"sum", "local", label("hf"), label("per_rank_mean"), label("wrongly_stated")}
+    )
+    assert rows["sum[identity]"]["fsdp_reduction"] == "mean"
+    # One callable under FSDP SUM and mean: two modes, each with its own gradient.
+    assert (rows[label("titan", "sum")]["fsdp_reduction"], rows[label("titan")]["fsdp_reduction"]) == ("sum", "mean")
+    assert (rows[label("titan", "sum")]["verdict_text"], rows[label("titan")]["verdict_text"]) == (
+        "equivalent",
+        "rescaled ×1/2",
     )
     assert "identity" in rows["sum[identity]"]["all_reduce"] and rows["local"]["all_reduce"] == ""
 
@@ -87,10 +104,9 @@ def test_identity_is_expected_to_rescale_by_1_over_W_and_torch_nn_to_be_grad_L(a
 def test_custom_runs_get_their_measured_verdict_and_the_stated_expectation(analysed):
     _, result = analysed
     rows = by_label(result.verdicts)
-    judged = {
-        name: (rows[f"custom:my_trainers:{name}"]["verdict_text"], rows[f"custom:my_trainers:{name}"]["expected"])
-        for name in ("titan", "hf", "per_rank_mean", "doubled", "unstated", "wrongly_stated")
-    }
+    labels = {name: label(name) for name in ("hf", "per_rank_mean", "doubled", "wrongly_stated")}
+    labels.update(titan=label("titan", "sum"), unstated=UNNAMED)
+    judged = {name: (rows[labels[name]]["verdict_text"], rows[labels[name]]["expected"]) for name in labels}
     assert judged == {
         "titan": ("equivalent", "equivalent"),
         "hf": ("identical", "equivalent"),
@@ -99,7 +115,7 @@ def test_custom_runs_get_their_measured_verdict_and_the_stated_expectation(analy
         "unstated": ("rescaled ×1/4", "not judged (no custom.expect)"),  # measured all the same
         "wrongly_stated": ("identical", "rescaled ×1/2"),
     }
-    as_expected = {name: rows[f"custom:my_trainers:{name}"]["as_expected"] for name in judged}
+    as_expected = {name: rows[labels[name]]["as_expected"] for name in judged}
     assert as_expected["unstated"] is pd.NA
     assert {k: bool(v) for k, v in as_expected.items() if k != "unstated"} == {
         "titan": True,
@@ -128,14 +144,15 @@ def test_trainers_table_and_sentences(analysed):
     )  # the reference, then trainers
     rows = table.set_index("trainer")
     assert rows.loc["sum[identity]", "gradient vs grad L"] == "grad L × 1/2"
-    assert not rows.loc["sum[identity]", "curves match"] and rows.loc["custom:my_trainers:titan", "curves match"]
-    assert rows.loc["custom:my_trainers:titan", "rule"] == "rule of titan"
-    assert rows.loc["custom:my_trainers:doubled", "factor"] == pytest.approx(2.0, rel=1e-12)
-    assert rows.loc["custom:my_trainers:per_rank_mean", "gradient vs grad L"].startswith("another direction")
+    assert not rows.loc["sum[identity]", "curves match"] and rows.loc[label("titan", "sum"), "curves match"]
+    assert rows.loc[label("titan", "sum"), "rule"] == "rule of titan"
+    assert rows.loc[label("doubled"), "factor"] == pytest.approx(2.0, rel=1e-12)
+    assert rows.loc[label("titan"), "factor"] == pytest.approx(0.5, rel=1e-12)
+    assert rows.loc[label("per_rank_mean"), "gradient vs grad L"].startswith("another direction")
     report = (sweep / "analysis" / "report.md").read_text()
     assert "## Trainers" in report
     assert (
-        "- `custom:my_trainers:doubled` (rule of doubled): grad L × 2, step-1 scale 2.000000; its loss curve matches "
+        f"- `{label('doubled')}` (rule of doubled): grad L × 2, step-1 scale 2.000000; its loss curve matches "
         "the reference's; expected rescaled ×2: as expected." in result.answer
     )
     assert "- `sum[identity]` (sum: all-reduce of S/N with identity, identity backward, FSDP mean)" in result.answer
@@ -152,8 +169,8 @@ def test_the_rfc_answer_states_what_the_runs_show(analysed):
     assert "with an identity backward (`sum[identity]`) it is not needed and does nothing" in answer
     assert ", as `local`'s" in answer
     assert (
-        "FSDP SUM (`custom:my_trainers:titan`) or W x loss under FSDP's mean (`custom:my_trainers:hf`, "
-        "`custom:my_trainers:wrongly_stated`) replaces it" in answer
+        f"FSDP SUM (`{label('titan', 'sum')}`) or W x loss under FSDP's mean (`{label('hf')}`, "
+        f"`{label('wrongly_stated')}`) replaces it" in answer
     )
 
 
@@ -198,3 +215,33 @@ def test_the_trainers_plots_are_legible_with_a_colour_each(tmp_path, monkeypatch
     curve_plots.curves_per_group(table, curves, tmp_path)
     assert set(checked) == {figure.file for figure in curve_plots.CURVE_FIGURES}
     assert {name: problems for name, problems in checked.items() if problems} == {}
+
+
+def test_named_rules_appear_by_their_names_never_their_module_paths(tmp_path, monkeypatch):
+    """In every table, plot legend and sentence: `custom.name` (with FSDP's reduction), never MODULE:CALLABLE;
+    only a rule without a name is called by its callable."""
+    sweep = write_sweep(tmp_path / "sweep", trainer_runs())
+    legends = []
+
+    def recording_save(fig, path, dpi=100):
+        legends.extend(text.get_text() for legend in fig.legends for text in legend.get_texts())
+        legends.extend(text.get_text() for ax in fig.axes if ax.get_legend() for text in ax.get_legend().get_texts())
+        return save(fig, path, dpi)
+
+    monkeypatch.setattr(curve_plots, "save", recording_save)
+    monkeypatch.setattr("analysis.plots.background.Background.__init__", lambda self: setattr(self, "_pool", None))
+    result = analyze([sweep], sweep / "analysis", wandb_mode="disabled")
+    texts = {
+        "report.md": (sweep / "analysis" / "report.md").read_text(),
+        "trainers.csv": (sweep / "analysis" / "trainers.csv").read_text(),
+        "verdicts.csv": (sweep / "analysis" / "verdicts.csv").read_text(),
+        "comm.csv": (sweep / "analysis" / "comm.csv").read_text(),
+        "legends": "\n".join(legends),
+    }
+    named = ["titan", "hf", "per_rank_mean", "doubled", "wrongly_stated"]
+    assert {name: [f for f in named if f"my_trainers:{f}" in text] for name, text in texts.items()} == {
+        name: [] for name in texts
+    }
+    assert label("titan", "sum") in texts["legends"] and label("titan") in texts["legends"]
+    assert UNNAMED in texts["legends"] and UNNAMED in result.answer  # the one without a name
+    assert {label("titan", "sum"), label("titan")} <= set(pd.read_csv(sweep / "analysis" / "trainers.csv")["trainer"])

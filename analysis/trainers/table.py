@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from runner.modes import ALL_REDUCE_BACKWARD, AutogradAllReduce
+from runner.modes import ALL_REDUCE_BACKWARD, MODES, AutogradAllReduce
 
 COLUMNS = {
     "group_label": "group",
@@ -30,12 +30,14 @@ COLUMNS = {
 
 
 def is_trainer(label: pd.Series) -> pd.Series:
-    return label.astype(str).str.startswith("custom:") | label.astype(str).str.contains("[", regex=False)
+    """Labels that are not one of the runner's own modes as the reference runs it: a custom rule (by its
+    `custom.name`, or `custom:MODULE:CALLABLE`), or `sum` with another all-reduce (`sum[identity]`)."""
+    return label.notna() & ~label.astype(str).isin(MODES)
 
 
 def _rule(row: pd.Series) -> str:
     """What the run's loss does: `custom.rule` (or its callable) for a custom run, the all-reduce's for `sum`."""
-    if str(row["reduction"]).startswith("custom:"):
+    if isinstance(row.get("custom.fn"), str):
         rule = row.get("custom.rule")
         return rule if isinstance(rule, str) else f"{row.get('custom.fn')} (no custom.rule)"
     implementation = AutogradAllReduce(
