@@ -150,7 +150,7 @@ def _analyze(
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (curve_figure_paths(curves, out) if plotting else []) + other_pngs
-    trainers = trainers_table(runs, table)
+    trainers = trainers_table(runs, table, comm)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)

@@ -33,17 +33,60 @@ def custom(name: str, fsdp: str = "mean", expect: str | None = None, named: bool
     return SyntheticRun("custom", overrides=overrides, **LAYOUT, **changes)
 
 
+def backward(implementation: str, per_rank: list[float]) -> dict:
+    """summary.json's `all_reduce_backward` as a run measures it (runner.train.all_reduce.measured_backward)."""
+    return {
+        "all_reduce_backward": {
+            "implementation": implementation,
+            "factor": per_rank[0],
+            "per_rank": per_rank,
+            "torch": "2.13.0+cpu",
+        }
+    }
+
+
+TITAN = {"package": "torchtitan", "version": "0.3.0", "calls": ["torchtitan.components.loss.CrossEntropyLoss"]}
+HF = {"package": "transformers", "version": "5.25.0", "calls": ["transformers.loss.loss_utils.ForCausalLMLoss"]}
+HF["follows"] = ["transformers/trainer.py: Trainer.compute_loss"]
+MEGATRON = {
+    "repository": "NVIDIA/Megatron-LM",
+    "commit": "d98e8a64ddf34856e74b24714e3bedb2f5a39553",
+    "files": ["pretrain_gpt.py: loss_func", "megatron/core/pipeline_parallel/schedules.py: forward_step"],
+}
+
+
 def trainer_runs() -> list[SyntheticRun]:
     return [
-        SyntheticRun("sum", **LAYOUT),
-        SyntheticRun("sum", overrides={"autograd_all_reduce": "identity"}, factor=0.5, loss_shift_from=12, **LAYOUT),
-        SyntheticRun("sum", overrides={"autograd_all_reduce": "torch_nn"}, **LAYOUT),
+        SyntheticRun("sum", **LAYOUT, summary=backward("funcol", [2.0, 2.0])),
+        SyntheticRun(
+            "sum",
+            overrides={"autograd_all_reduce": "identity"},
+            factor=0.5,
+            loss_shift_from=12,
+            **LAYOUT,
+            summary=backward("identity", [1.0, 1.0]),
+        ),
+        SyntheticRun("sum", overrides={"autograd_all_reduce": "torch_nn"}, **LAYOUT),  # an earlier runner's record
         SyntheticRun("local", factor=0.5, loss_shift_from=12, **LAYOUT),
-        custom("titan", fsdp="sum", expect="grad L", factor=1 + 1e-7),
-        custom("titan", fsdp="mean", expect="grad L / W", factor=0.5, loss_shift_from=12),  # one fn, another FSDP
-        custom("hf", expect="grad L"),
-        custom("per_rank_mean", expect="different", turn=0.05, loss_shift_from=20),
-        custom("doubled", expect="2", factor=2.0),
+        custom("titan", fsdp="sum", expect="grad L", factor=1 + 1e-7, summary={"custom_upstream": [TITAN]}),
+        custom(
+            "titan",
+            fsdp="mean",
+            expect="grad L / W",
+            factor=0.5,
+            loss_shift_from=12,
+            summary={"custom_upstream": [TITAN]},
+        ),  # one callable under another FSDP reduction
+        custom("hf", expect="grad L", own_all_gathers=1, summary={"custom_upstream": [HF]}),  # the token count's
+        custom(
+            "per_rank_mean",
+            expect="different",
+            turn=0.05,
+            loss_shift_from=20,
+            own_loss_calls=2,
+            summary={"custom_upstream": [MEGATRON]},
+        ),
+        custom("doubled", expect="2", factor=2.0, own_loss_calls=3, summary=backward("torch_nn", [2.0, 2.0])),
         custom("unstated", factor=0.25, named=False),
         custom("wrongly_stated", expect="grad L / W"),
     ]
@@ -158,6 +201,50 @@ def test_trainers_table_and_sentences(analysed):
     assert "- `sum[identity]` (sum: all-reduce of S/N with identity, identity backward, FSDP mean)" in result.answer
 
 
+def test_the_trainers_table_says_what_code_ran_what_backward_was_measured_and_what_was_counted(analysed):
+    sweep, _ = analysed
+    rows = pd.read_csv(sweep / "analysis" / "trainers.csv").set_index("trainer")
+    code = rows["code that ran"].to_dict()
+    assert code[label("titan", "sum")] == code[label("titan")] == "torchtitan 0.3.0 (CrossEntropyLoss)"
+    assert code[label("hf")] == "transformers 5.25.0 (ForCausalLMLoss)"
+    assert code[label("per_rank_mean")] == "NVIDIA/Megatron-LM@d98e8a6 (pretrain_gpt.py, schedules.py)"
+    assert code["sum"] == "the runner's own" and code[UNNAMED] == "not recorded (an earlier runner)"
+    assert rows.loc[label("hf"), "code that ran (in full)"] == (
+        "transformers 5.25.0: calls transformers.loss.loss_utils.ForCausalLMLoss; "
+        "follows transformers/trainer.py: Trainer.compute_loss"
+    )
+    assert rows.loc[label("per_rank_mean"), "code that ran (in full)"].startswith(
+        "NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553: pretrain_gpt.py: loss_func; "
+    )
+    measured = rows["all-reduce backward (measured)"].to_dict()
+    assert measured["sum"] == "SUM (×2 on every rank, funcol, torch 2.13.0+cpu)"
+    assert measured["sum[identity]"] == "identity (×1 on every rank, identity, torch 2.13.0+cpu)"
+    assert measured[label("doubled")] == "SUM (×2 on every rank, torch_nn, torch 2.13.0+cpu)"
+    assert measured["sum[torch_nn]"] == "not measured (an earlier runner)"
+    assert measured[label("hf")] == "none declared"
+    # Counted: N, the logged loss and a rule's own all-reduces; the HF token count's all-gather is another collective.
+    calls = rows[["loss all-reduces / step", "other collectives vs local"]].astype(float)
+    assert calls.loc["sum"].tolist() == [1 + 2 * 2, 0]  # N, and forward + backward per micro-batch (GA = 2)
+    assert calls.loc[label("hf")].tolist() == [2, 1]  # local's two all-reduces, and one all-gather of its own
+    assert calls.loc[label("per_rank_mean")].tolist() == [3, 0] and calls.loc[label("doubled")].tolist() == [4, 0]
+
+
+def test_the_trainers_section_names_the_rules_whose_measured_backward_is_a_sum(analysed):
+    sweep, _ = analysed
+    report = (sweep / "analysis" / "report.md").read_text()
+    sentence = next(line for line in report.splitlines() if line.startswith("The all-reduce in the loss's graph"))
+    assert sentence.startswith(
+        "The all-reduce in the loss's graph, its backward measured at each run's start (torch 2.13.0+cpu): "
+    )
+    assert (
+        f"a SUM backward (each rank's loss receives W, so FSDP's mean gives back grad L) in `sum` and `{label('doubled')}`"
+        in sentence
+    )
+    assert "an identity backward (each rank's loss receives 1) in `sum[identity]`" in sentence
+    assert "none in the graph (none measured, none declared) of `local`" not in sentence  # local is no trainer
+    assert f"`{label('hf')}`" in sentence.split("none in the graph")[1] and "`sum[torch_nn]`" not in sentence
+
+
 def test_the_rfc_answer_states_what_the_runs_show(analysed):
     _, result = analysed
     answer = result.answer.split("**The RFC**", 1)[1].split("\n", 1)[0]
@@ -245,3 +332,14 @@ def test_named_rules_appear_by_their_names_never_their_module_paths(tmp_path, mo
     assert label("titan", "sum") in texts["legends"] and label("titan") in texts["legends"]
     assert UNNAMED in texts["legends"] and UNNAMED in result.answer  # the one without a name
     assert {label("titan", "sum"), label("titan")} <= set(pd.read_csv(sweep / "analysis" / "trainers.csv")["trainer"])
+
+
+def test_a_measured_backward_is_named_by_what_it_gives_at_its_world_size():
+    from analysis.trainers.table import backward_kind
+
+    for world in (1, 2, 3, 4, 8):
+        named = {factor: backward_kind(factor, world) for factor in (float(world), 1.0, 0.5, 2.0 * world)}
+        assert named[float(world)] == ("SUM = identity" if world == 1 else "SUM")
+        assert named[1.0] == ("SUM = identity" if world == 1 else "identity")
+        assert named[0.5] == "×0.5" and named[2.0 * world] == f"×{2 * world:g}"
+    assert backward_kind(float("nan"), 2) == ""

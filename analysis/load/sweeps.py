@@ -2,7 +2,9 @@
 
 - `runs`: one row per job directory (whatever became of it): `run` (its id,
   `<sweep>/<job>`), `sweep`, `job`, `status`, `error`, `steps_done`,
-  `steps_logged`, `diverged_at`, `device_used`, `backend`, then the whole resolved
+  `steps_logged`, `diverged_at`, `device_used`, `backend`, what its summary.json
+  records of the code and data it rests on (`analysis.load.provenance`: `upstream`,
+  the measured all-reduce backward, the identity's data parts), then the whole resolved
   config flattened to dotted columns (`reduction`, `world_size`, `optim.lr`...).
 - `steps`: one row per (run, logged step): the metrics.jsonl records, with
   `comm` flattened to `comm_<kind>_<field>` (plus `comm_total_<field>` over
@@ -28,6 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from analysis.load.provenance import COLUMNS as PROVENANCE
+from analysis.load.provenance import provenance
 from runner.record.config_file import read_config
 from runner.record.metrics_file import parse_jsonl, read_arrow_copy
 
@@ -42,6 +46,7 @@ RUN_COLUMNS = [
     "diverged_at",
     "device_used",
     "backend",
+    *PROVENANCE,
 ]
 NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
@@ -140,6 +145,7 @@ def _run_row(sweep: Path, job: Path) -> dict:
         "steps_done": summary.get("steps_done", 0),
         "device_used": summary.get("device"),  # what `device` (a config key) resolved to
         "backend": summary.get("backend"),
+        **provenance(summary),
     }
     try:
         config = read_config(job / "config.yaml")

@@ -42,6 +42,9 @@ class SyntheticRun:
     fail_after: int | None = None  # a failed run logged this many steps
     overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
     step_time_factor: float = 1.0  # every step takes this many times as long (e.g. a counter that costs time)
+    own_loss_calls: int | None = None  # the mode's own loss all-reduces per step (None: as the runner's mode issues)
+    own_all_gathers: int = 0  # all-gathers per step of its own beyond FSDP's (a rule's token count)
+    summary: dict | None = None  # more summary.json fields: {"custom_upstream": [...], "all_reduce_backward": {...}}
 
     @property
     def job_name(self) -> str:
@@ -103,7 +106,8 @@ def _records(run: SyntheticRun) -> list[dict]:
         logged = run.diverge_at
     # Loss all-reduces per step as the runner issues them: N, plus the mode's own
     # (sum: 2 per micro-batch, detached: 1 per micro-batch, the others: 1 per step).
-    loss_calls = 1 + {"sum": 2 * run.grad_accum, "detached": run.grad_accum}.get(run.reduction, 1)
+    own = {"sum": 2 * run.grad_accum, "detached": run.grad_accum}.get(run.reduction, 1)
+    loss_calls = 1 + (own if run.own_loss_calls is None else run.own_loss_calls)
     timing = np.random.default_rng([run.seed, run.world_size, len(run.reduction)])
     packed = bool((run.overrides or {}).get("data.packing", False))
     records = []
@@ -113,6 +117,8 @@ def _records(run: SyntheticRun) -> list[dict]:
         step_time = run.step_time_factor * 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
         counted = counted_step(step, run.steps, DEFAULT_METRICS)  # as the runner samples (metrics.count_*)
         all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
+        gathers = 6 + run.own_all_gathers
+        all_gather = {"calls": gathers, "bytes": 1000 * gathers, "seconds": 1e-3 * gathers / 6}
         records.append(
             {
                 "step": step,
@@ -130,9 +136,7 @@ def _records(run: SyntheticRun) -> list[dict]:
                 "step_time_s": step_time,
                 "peer_skew_s": 1e-4,
                 "tokens_per_s": 1000 / step_time,
-                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce}
-                if counted
-                else None,
+                "comm": {"all_gather": all_gather, "all_reduce": all_reduce} if counted else None,
                 "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls}
                 if counted
                 else None,
@@ -163,6 +167,7 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
             "invalid": "sp=3 does not divide world_size=2",
         }.get(run.status)
         summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
+        summary.update(run.summary or {})
         (job / "summary.json").write_text(json.dumps(summary))
     return sweep
 
