@@ -55,6 +55,8 @@ VERDICT_ID_COLUMNS = [
     "baseline_kind",
     "fsdp_reduction",
     "all_reduce",
+    "backward_factor",
+    "backward_torch",
 ]
 
 
@@ -154,7 +156,7 @@ def _analyze(
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)
-    for extra in (rfc_answer(table, comm, tol), "\n".join(trainer_sentences(trainers))):
+    for extra in (rfc_answer(table, comm), "\n".join(trainer_sentences(trainers))):
         answer += f"\n{extra}\n" if extra else ""
     body = trainers_section(trainers) + training_sections(runs, table, comm, layout_table, layout_summary, tol)
     report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())

@@ -56,17 +56,13 @@ MEGATRON = {
 
 
 def trainer_runs() -> list[SyntheticRun]:
+    """`sum` and `sum[identity]` record their measured backward as the runner does (the synthetic sweep writes it)."""
     return [
-        SyntheticRun("sum", **LAYOUT, summary=backward("funcol", [2.0, 2.0])),
-        SyntheticRun(
-            "sum",
-            overrides={"autograd_all_reduce": "identity"},
-            factor=0.5,
-            loss_shift_from=12,
-            **LAYOUT,
-            summary=backward("identity", [1.0, 1.0]),
+        SyntheticRun("sum", **LAYOUT),
+        SyntheticRun("sum", overrides={"autograd_all_reduce": "identity"}, factor=0.5, loss_shift_from=12, **LAYOUT),
+        SyntheticRun(  # an earlier runner's record: no measured backward
+            "sum", overrides={"autograd_all_reduce": "torch_nn"}, **LAYOUT, summary={"all_reduce_backward": None}
         ),
-        SyntheticRun("sum", overrides={"autograd_all_reduce": "torch_nn"}, **LAYOUT),  # an earlier runner's record
         SyntheticRun("local", factor=0.5, loss_shift_from=12, **LAYOUT),
         custom("titan", fsdp="sum", expect="grad L", factor=1 + 1e-7, summary={"custom_upstream": [TITAN]}),
         custom(
@@ -86,7 +82,17 @@ def trainer_runs() -> list[SyntheticRun]:
             own_loss_calls=2,
             summary={"custom_upstream": [MEGATRON]},
         ),
-        custom("doubled", expect="2", factor=2.0, own_loss_calls=3, summary=backward("torch_nn", [2.0, 2.0])),
+        custom("doubled", expect="2", factor=2.0, own_loss_calls=3),
+        custom("released", expect="grad L", own_loss_calls=1 + 2 * 2, summary=backward("torch_nn", [2.0, 2.0])),
+        custom("rfc", expect="grad L / W", factor=0.5, reported_factor=0.5, loss_shift_from=12),  # logs L / W
+        custom(
+            "kept_under_sum",
+            fsdp="sum",
+            expect="grad L x W",
+            factor=2.0,
+            loss_shift_from=5,
+            summary=backward("torch_nn", [2.0, 2.0]),
+        ),
         custom("unstated", factor=0.25, named=False),
         custom("wrongly_stated", expect="grad L / W"),
     ]
@@ -119,7 +125,9 @@ def test_the_modes_keys_make_labels_not_groups_and_the_baseline_is_the_funcol_su
     assert reference["verdict"] == "reference"
     assert set(result.verdicts["baseline"]) == {reference["run"]}
     assert {"sum[identity]", "sum[torch_nn]", label("titan", "sum"), label("titan"), label("doubled"), UNNAMED} == (
-        set(rows) - {"sum", "local", label("hf"), label("per_rank_mean"), label("wrongly_stated")}
+        set(rows)
+        - {"sum", "local", label("hf"), label("per_rank_mean"), label("wrongly_stated"), label("released")}
+        - {label("rfc"), label("kept_under_sum", "sum")}
     )
     assert rows["sum[identity]"]["fsdp_reduction"] == "mean"
     # One callable under FSDP SUM and mean: two modes, each with its own gradient.
@@ -219,14 +227,14 @@ def test_the_trainers_table_says_what_code_ran_what_backward_was_measured_and_wh
     measured = rows["all-reduce backward (measured)"].to_dict()
     assert measured["sum"] == "SUM (×2 on every rank, funcol, torch 2.13.0+cpu)"
     assert measured["sum[identity]"] == "identity (×1 on every rank, identity, torch 2.13.0+cpu)"
-    assert measured[label("doubled")] == "SUM (×2 on every rank, torch_nn, torch 2.13.0+cpu)"
+    assert measured[label("released")] == "SUM (×2 on every rank, torch_nn, torch 2.13.0+cpu)"
     assert measured["sum[torch_nn]"] == "not measured (an earlier runner)"
     assert measured[label("hf")] == "none declared"
     # Counted: N, the logged loss and a rule's own all-reduces; the HF token count's all-gather is another collective.
     calls = rows[["loss all-reduces / step", "other collectives vs local"]].astype(float)
     assert calls.loc["sum"].tolist() == [1 + 2 * 2, 0]  # N, and forward + backward per micro-batch (GA = 2)
     assert calls.loc[label("hf")].tolist() == [2, 1]  # local's two all-reduces, and one all-gather of its own
-    assert calls.loc[label("per_rank_mean")].tolist() == [3, 0] and calls.loc[label("doubled")].tolist() == [4, 0]
+    assert calls.loc[label("per_rank_mean")].tolist() == [3, 0] and calls.loc[label("released")].tolist() == [6, 0]
 
 
 def test_the_trainers_section_names_the_rules_whose_measured_backward_is_a_sum(analysed):
@@ -237,28 +245,64 @@ def test_the_trainers_section_names_the_rules_whose_measured_backward_is_a_sum(a
         "The all-reduce in the loss's graph, its backward measured at each run's start (torch 2.13.0+cpu): "
     )
     assert (
-        f"a SUM backward (each rank's loss receives W, so FSDP's mean gives back grad L) in `sum` and `{label('doubled')}`"
-        in sentence
+        f"a SUM backward (each rank's loss receives W) in `sum`, `{label('kept_under_sum', 'sum')}` and "
+        f"`{label('released')}`;" in sentence
     )
     assert "an identity backward (each rank's loss receives 1) in `sum[identity]`" in sentence
     assert "none in the graph (none measured, none declared) of `local`" not in sentence  # local is no trainer
     assert f"`{label('hf')}`" in sentence.split("none in the graph")[1] and "`sum[torch_nn]`" not in sentence
 
 
-def test_the_rfc_answer_states_what_the_runs_show(analysed):
+def rfc_points(answer: str) -> list[str]:
+    """The RFC's points, in order: each numbered line after "**The RFC**"."""
+    block = answer.split("**The RFC**", 1)[1].split("\n\n- ", 1)[0]
+    return [line[3:] for line in block.splitlines() if line[:3] in ("1. ", "2. ", "3. ")]
+
+
+def test_the_rfc_is_answered_point_by_point_yes_or_no_first_then_the_numbers(analysed):
     _, result = analysed
-    answer = result.answer.split("**The RFC**", 1)[1].split("\n", 1)[0]
-    assert (
-        "`sum` (funcol, the reference) and `sum[torch_nn]` (xtuner's import; step-1 scale 1.000000) get grad L"
-        in answer
+    local, all_reduce, logging = rfc_points(result.answer)
+    assert local.startswith(
+        "Can FSDP train with the local loss alone? Yes, but its gradient is grad L / W, not grad L: "
     )
-    assert "without it (`local`) the gradient is grad L / W (step-1 scale 0.500000)" in answer
-    assert "with an identity backward (`sum[identity]`) it is not needed and does nothing" in answer
-    assert ", as `local`'s" in answer
     assert (
-        f"FSDP SUM (`{label('titan', 'sum')}`) or W x loss under FSDP's mean (`{label('hf')}`, "
-        f"`{label('wrongly_stated')}`) replaces it" in answer
+        f"`local`, `{label('rfc')}` and `{label('titan')}` (no all-reduce in the graph, FSDP's mean) measure a "
+        "step-1 scale of ×0.500000 at W=2 (= 1/W) against the reference." in local
     )
+    assert all_reduce.startswith(
+        "Is the loss's differentiable all-reduce needed for grad L? Yes, where its backward is a SUM and FSDP takes "
+        "the mean: measured with torch 2.13.0+cpu, the backward gives each rank's loss ×2 (= W) in "
+        f"`sum` and `{label('released')}`, whose gradient is grad L; without it the gradient is grad L / W "
+    )
+    assert (
+        "no with an identity backward (×1 measured in `sum[identity]`): it changes nothing, the gradient is "
+        "grad L / W (step-1 scale ×0.500000 at W=2)" in all_reduce
+    )
+    assert (
+        f"kept under FSDP SUM it gives W x grad L (`{label('kept_under_sum', 'sum')}`: ×2.000000 at W=2)" in all_reduce
+    )
+    assert (
+        f"Which trainers need it: those whose rule has it in the graph under FSDP's mean (`sum` and "
+        f"`{label('released')}`); the others get grad L without it, by FSDP SUM (`{label('titan', 'sum')}`) or by "
+        f"W x loss under FSDP's mean (`{label('hf')}` and `{label('wrongly_stated')}`)." in all_reduce
+    )
+    assert "sum[torch_nn]" not in all_reduce  # its backward was not measured: not stated
+    assert logging.startswith(
+        "Is the engine's mean of the logged loss a second reduction of the gradient? No, it is logging only"
+    )
+    assert (
+        f"Without the CE all-reduce it logs L / W: `{label('rfc')}` report L ×0.500000 at W=2 (= 1/W; reported loss "
+        "over L, median over steps), while the gradient is scaled once, not twice (×0.500000 at W=2" in logging
+    )
+
+
+def test_each_rfc_point_says_not_measured_where_the_runs_do_not_show_it(tmp_path):
+    """Only a reference and a rule that gives grad L: no local loss, no measured backward, no logged L / W."""
+    runs = [SyntheticRun("sum", **LAYOUT, summary={"all_reduce_backward": None}), custom("hf", expect="grad L")]
+    sweep = write_sweep(tmp_path / "sweep", runs)
+    result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
+    points = rfc_points(result.answer)
+    assert [point.split("? ", 1)[1].split(":")[0] for point in points] == ["Not measured here"] * 3
 
 
 def test_without_identity_runs_the_report_says_nothing_of_identity(tmp_path):
@@ -270,9 +314,12 @@ def test_without_identity_runs_the_report_says_nothing_of_identity(tmp_path):
     sweep = write_sweep(tmp_path / "sweep", runs)
     result = analyze([sweep], sweep / "analysis", wandb_mode="disabled", make_plots=False)
     assert "identity" not in result.answer and not (sweep / "analysis" / "trainers.csv").exists()
-    assert "With a SUM-backward all-reduce, `sum` (funcol, the reference) gets grad L" in result.answer
-    assert "without it (`local`) the gradient is grad L / W" in result.answer
-    assert "FSDP SUM (`fsdp_sum`) replaces it" in result.answer
+    _, all_reduce, _ = rfc_points(result.answer)
+    assert "the backward gives each rank's loss ×2 (= W) in `sum`, whose gradient is grad L; without it the " in (
+        all_reduce
+    )
+    assert "gradient is grad L / W (`local`)" in all_reduce
+    assert "by FSDP SUM (`fsdp_sum`)." in all_reduce
 
 
 def test_a_group_whose_only_sum_has_an_identity_backward_has_no_reference(tmp_path):

@@ -72,7 +72,7 @@ def backward_sentence(rows: pd.DataFrame) -> str:
     torch = ", ".join(sorted(set(measured["backward_torch"].dropna().astype(str))))
     kinds = measured.groupby("backward", sort=False)["reduction"].agg(list)
     phrases = {
-        "SUM": "a SUM backward (each rank's loss receives W, so FSDP's mean gives back grad L) in {}",
+        "SUM": "a SUM backward (each rank's loss receives W) in {}",
         "identity": "an identity backward (each rank's loss receives 1) in {}",
         "SUM = identity": "a backward that gives 1 at W=1, where SUM and identity agree, in {}",
     }

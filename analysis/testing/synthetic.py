@@ -18,6 +18,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from runner.config import MetricsConfig, RunConfig, counted_step
+from runner.modes import ALL_REDUCE_BACKWARD, AutogradAllReduce, has_graph_all_reduce
 from runner.record.config_file import write_config_copy
 from runner.record.metrics_file import write_arrow_copy
 
@@ -42,6 +43,7 @@ class SyntheticRun:
     fail_after: int | None = None  # a failed run logged this many steps
     overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
     step_time_factor: float = 1.0  # every step takes this many times as long (e.g. a counter that costs time)
+    reported_factor: float = 1.0  # the reported loss is this many times L (1/W: a mean of local losses logged)
     own_loss_calls: int | None = None  # the mode's own loss all-reduces per step (None: as the runner's mode issues)
     own_all_gathers: int = 0  # all-gathers per step of its own beyond FSDP's (a rule's token count)
     summary: dict | None = None  # more summary.json fields: {"custom_upstream": [...], "all_reduce_backward": {...}}
@@ -129,7 +131,7 @@ def _records(run: SyntheticRun) -> list[dict]:
                 "micro_batch_tokens_min": 250 if packed else 200,
                 "micro_batch_tokens_max": 250 if packed else 300,
                 "loss": float(loss[i]) if finite else None,
-                "reported_loss": float(loss[i]) if finite else None,
+                "reported_loss": float(loss[i]) * run.reported_factor if finite else None,
                 "grad_norm": float(grad_norm[i]) if finite else None,
                 "clip_coef": min(1.0, 1.0 / (float(grad_norm[i]) + 1e-6)),
                 "lr": 3e-3,
@@ -144,6 +146,17 @@ def _records(run: SyntheticRun) -> list[dict]:
             }
         )
     return records
+
+
+def _measured_backward(run: SyntheticRun) -> dict:
+    """summary.json's `all_reduce_backward` as a `sum` run records it (`runner.train.all_reduce.measured_backward`):
+    W per rank for a SUM backward, 1 for identity; {} for modes without an all-reduce in the graph."""
+    if not has_graph_all_reduce(run.reduction):
+        return {}
+    implementation = AutogradAllReduce((run.overrides or {}).get("autograd_all_reduce", "funcol"))
+    factor = float(run.world_size) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0
+    measured = {"implementation": implementation.value, "factor": factor, "per_rank": [factor] * run.world_size}
+    return {"all_reduce_backward": {**measured, "expected": factor, "as_expected": True, "torch": "2.13.0+cpu"}}
 
 
 def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
@@ -167,6 +180,7 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
             "invalid": "sp=3 does not divide world_size=2",
         }.get(run.status)
         summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
+        summary.update(_measured_backward(run) if run.status != "invalid" else {})
         summary.update(run.summary or {})
         (job / "summary.json").write_text(json.dumps(summary))
     return sweep

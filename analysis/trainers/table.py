@@ -126,7 +126,7 @@ def trainers_table(runs: pd.DataFrame, table: pd.DataFrame, comm: pd.DataFrame |
     if not chosen.any():
         return pd.DataFrame(columns=["run", *COLUMNS, "upstream_detail", "backward", "verdict", "reason"])
     recorded = ("autograd_all_reduce", "custom.fn", "custom.rule", *PROVENANCE)
-    config = runs.loc[chosen, [c for c in recorded if c in runs]]
+    config = runs.loc[chosen, [c for c in recorded if c in runs and c not in table]]
     rows = pd.concat([table.loc[chosen], config], axis=1)
     counted = ("loss_all_reduce_calls", "extra_other_calls_vs_local")
     for column in counted:
