@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.gradients.groups import NotComparable
 from analysis.gradients.tolerances import Tolerances
 from analysis.load.sweeps import NOT_RUN, newest_result, not_a_result
 from analysis.pipeline import analyze
@@ -76,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     tol = Tolerances(loss_rtol=args.loss_rtol, cos_tol=args.cos_tol, scale_rtol=args.scale_rtol)
     try:
         result = analyze(sweeps, out, tol, make_plots=not args.no_plots, wandb_mode=args.wandb)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, NotComparable) as error:
         print(f"analysis: {error}", file=sys.stderr)
         return 2
 
+    for note in result.notes:
+        print(f"analysis: {note}")
     table = result.verdicts.sort_values(["group_label", "reduction"]) if len(result.verdicts) else result.verdicts
     if len(table):
         with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):

@@ -20,7 +20,7 @@ from analysis.bugs.table import bugs_csv, bugs_table
 from analysis.cost.comm import comm_table
 from analysis.cost.interleaved import cost_table, floor_table
 from analysis.gradients.expected import expected_verdicts
-from analysis.gradients.groups import assign_groups
+from analysis.gradients.groups import assign_groups, refuse_different_data
 from analysis.gradients.invariance import invariance, invariance_summary
 from analysis.gradients.measures import measure
 from analysis.gradients.tolerances import Tolerances
@@ -63,6 +63,8 @@ VERDICT_ID_COLUMNS = [
     "baseline_kind",
     "fsdp_reduction",
     "all_reduce",
+    "backward_factor",
+    "backward_torch",
 ]
 
 
@@ -78,6 +80,7 @@ class Analysis:
     report: Path
     wandb_dir: Path | None
     written: list[str]  # the files written into `out`
+    notes: list[str] = field(default_factory=list)  # what was left out of the input and why (the load's)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
     # objective=pg: one row per mode (rl.csv), per run against its mode at W=1 (rl_runs.csv), per mode and paper
     post_training: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -125,6 +128,7 @@ def _analyze(
     if loaded.runs.empty:
         return _analyze_cost_only(sweeps, out, loaded, clock, make_plots, wandb_mode)
     runs = assign_groups(loaded.runs).reset_index(drop=True)
+    refuse_different_data(runs)  # NotComparable, naming the runs, before anything is written
     clock("load")
     writer = ThreadPoolExecutor(max_workers=1)
     parquet_written = writer.submit(write_runs_parquet, loaded, out / "runs.parquet")
@@ -148,7 +152,7 @@ def _analyze(
     layout_table.to_csv(out / "invariance.csv", index=False)
     comm = comm_table(runs, loaded.steps)
     comm.to_csv(out / "comm.csv", index=False)
-    cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None else pd.DataFrame()
+    cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None else pd.DataFrame()  # those that measured
     cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
     if len(cost_jobs):
         cost.to_csv(out / "cost.csv", index=False)
@@ -173,7 +177,7 @@ def _analyze(
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (curve_figure_paths(curves, out) if plotting else []) + other_pngs
-    trainers = trainers_table(runs, table)
+    trainers = trainers_table(runs, table, comm)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
     bugs = bugs_table(runs, table)
@@ -184,7 +188,7 @@ def _analyze(
         answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
     extras = (
         bugs_answer(bugs) if len(bugs) else "",
-        rfc_answer(table, comm, tol),
+        rfc_answer(table, comm),
         "\n".join(trainer_sentences(trainers)),
     )
     for extra in extras:
@@ -195,7 +199,9 @@ def _analyze(
         + trainers_section(trainers)
         + training_sections(runs, table, comm, layout_table, layout_summary, tol)
     )
-    report = write_report(out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique())
+    report = write_report(
+        out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique(), notes=loaded.notes
+    )
     clock("report")
     for drawn in curve_pngs:
         drawn.result()
@@ -230,6 +236,7 @@ def _analyze(
         report,
         wandb_dir,
         written,
+        loaded.notes,
         clock.timings,
         rl,
         rl_runs,
@@ -242,7 +249,13 @@ def _analyze_cost_only(
     sweeps: list[Path], out: Path, loaded, clock: _Clock, make_plots: bool, wandb_mode: str
 ) -> Analysis:
     """Interleaved cost jobs alone (`python -m runner experiment=cost`): their tables, plot and report section."""
-    cost_jobs = loaded.cost_jobs
+    cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None and len(loaded.cost_jobs) else None
+    if cost_jobs is None:  # a cost job that measured nothing (refused, failed), and no training runs
+        cost = floor = pd.DataFrame()
+        answer = "## Answer\n\nNothing measured: " + "; ".join(loaded.notes or ["no job here ran"]) + ".\n"
+        report = write_report(out, sweeps, answer, [], [], None, None, notes=loaded.notes)
+        empty = pd.DataFrame()
+        return Analysis(out, loaded.runs, empty, empty, empty, cost, answer, report, None, ["report.md"], loaded.notes)
     cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
     cost.to_csv(out / "cost.csv", index=False)
     floor.to_csv(out / "floor.csv", index=False)
@@ -257,10 +270,12 @@ def _analyze_cost_only(
         else "Not measured: the cost job holds too few steps to compare (4 after warm-up at least), and no "
         "training runs are here.\n"
     )
-    report = write_report(out, sweeps, answer, [], pngs, cost, floor)
+    report = write_report(out, sweeps, answer, [], pngs, cost, floor, notes=loaded.notes)
     clock("cost only")
     tables = {"cost": cost, "floor": floor}
     wandb_dir = log_analysis(out, sweeps[0].name, cost_jobs, tables, pngs, report, resolve_mode(wandb_mode, cost_jobs))
     written = ["report.md", "cost.csv", "floor.csv", *[p.name for p in pngs]]
     empty = pd.DataFrame()
-    return Analysis(out, loaded.runs, empty, empty, empty, cost, answer, report, wandb_dir, written, clock.timings)
+    return Analysis(
+        out, loaded.runs, empty, empty, empty, cost, answer, report, wandb_dir, written, loaded.notes, clock.timings
+    )

@@ -259,7 +259,12 @@ def custom_expectation(expect: str, world_size: int) -> float | str:
 
 
 # Colours of the labels that are not built-in modes (sum[...], custom:...), handed out in label order.
-EXTRA_COLOURS = ["#2ca02c", "#8c564b", "#e377c2", "#bcbd22", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94", "#dbdb8d"]
+# Enough for experiment=trainers' sixteen rules (matplotlib's tab20 and Dark2 less the modes' own colours).
+EXTRA_COLOURS = [
+    "#2ca02c", "#8c564b", "#e377c2", "#bcbd22", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94", "#dbdb8d",
+    "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#aec7e8", "#ffbb78",
+    "#f7b6d2", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39",
+]  # fmt: skip
 
 
 def colours_for(labels) -> dict[str, str]:

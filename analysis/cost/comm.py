@@ -11,6 +11,10 @@ Per run, per optimizer step (means over the steps whose collectives were counted
   measure at the step's first collective;
 - extra_loss_calls_vs_local: the loss all-reduces a step issues beyond the
   matching `local` runs' (exact: counted);
+- extra_other_calls_vs_local: the step's other collectives (all but the loss
+  all-reduces) beyond those `local` runs': a custom rule's own, such as the
+  Hugging Face Trainer's all-gather of the token count, which is not a loss
+  all-reduce;
 - step_ms_median (the world's step time), and `step_time_vs_local_uncontrolled`:
   step_ms_median over that of the `local` runs paired with it.
 
@@ -55,6 +59,7 @@ COLUMNS = [
     "total_bytes",
     "total_comm_latency_ms",
     "extra_loss_calls_vs_local",
+    "extra_other_calls_vs_local",
     "step_ms_median",
     "peer_skew_ms_median",
     "step_time_vs_local_uncontrolled",
@@ -111,10 +116,12 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     call_members, call_partner = _averaging(codes, len(keys), completed_local)
     time_members, has_partner = _averaging(codes, len(keys), completed_local & enough)
     calls = out["loss_all_reduce_calls"].to_numpy(dtype=float)
-    counted = np.isfinite(calls)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        local_calls = (call_members @ np.where(counted, calls, 0.0)) / (call_members @ counted.astype(float))
-    out["extra_loss_calls_vs_local"] = np.where(call_partner, calls - local_calls[codes], np.nan)
+    other = out["total_calls"].to_numpy(dtype=float) - calls
+    for column, counts in (("extra_loss_calls_vs_local", calls), ("extra_other_calls_vs_local", other)):
+        counted = np.isfinite(counts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            local = (call_members @ np.where(counted, counts, 0.0)) / (call_members @ counted.astype(float))
+        out[column] = np.where(call_partner, counts - local[codes], np.nan)
     medians = out["step_ms_median"].to_numpy(dtype=float)
     local_median = time_members @ np.nan_to_num(medians)  # the mean over each key's local runs (repeats averaged)
     with np.errstate(invalid="ignore", divide="ignore"):

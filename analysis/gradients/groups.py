@@ -126,3 +126,43 @@ def varying_columns(runs: pd.DataFrame) -> list[str]:
     """Config columns that take more than one value across the runs (what a sweep swept)."""
     config = config_columns(runs)
     return [c for c in config if runs[c].astype(str).nunique() > 1]
+
+
+class NotComparable(ValueError):
+    """Runs that the analysis would compare trained on different data: it refuses, naming them."""
+
+
+IDENTITY_PARTS = {"data": "identity_data", "tokenizer": "identity_tokenizer"}  # what a run trained on
+
+
+def different_data(runs: pd.DataFrame) -> list[str]:
+    """One sentence per family (the runs compared with one another) whose runs' identities record different data
+    or tokenizer files (`runner.sweep.identity`), naming the runs on each side; runs without an identity (an
+    earlier runner's) are not judged."""
+    if "identity_digest" not in runs:
+        return []
+    recorded = runs[runs["identity_digest"].notna()]
+    problems = []
+    for _, family in recorded.groupby("family", sort=False):
+        for part, column in IDENTITY_PARTS.items():
+            values = family[column].fillna("none (byte-level)" if part == "tokenizer" else "none")
+            if values.nunique() < 2:
+                continue
+            sides = [
+                f"{', '.join(members['run'].head(3))}" + (f" (+{len(members) - 3} more)" if len(members) > 3 else "")
+                + f" ({part} {str(value)[:12]})"
+                for value, members in family.groupby(values, sort=False)
+            ]  # fmt: skip
+            problems.append(f"runs of one config trained on different {part} files: " + " vs ".join(sides))
+    return problems
+
+
+def refuse_different_data(runs: pd.DataFrame) -> None:
+    """Raise NotComparable (every problem, and what to do) where `different_data` finds any."""
+    problems = different_data(runs)
+    if problems:
+        raise NotComparable(
+            "refused to compare: "
+            + "; ".join(problems)
+            + ". Analyse each data set's runs apart (one sweep directory at a time), or rerun them on the same data."
+        )

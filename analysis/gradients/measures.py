@@ -13,6 +13,10 @@ Measures (r: the run, b: its baseline, t: a step both logged):
 - loss_max/mean_abs_diff, final_loss_diff (at the last shared step)
 - first_step_beyond    first t with |L_r - L_b| > loss_rtol |L_b| (or L_r no longer finite)
 - clip_active_frac     share of the run's steps where clipping scaled the gradient
+- reported_loss_ratio_step1/_median  the run's reported loss (what its mode or rule logs) over its own L
+                       (the global token-mean loss the runner computes beside every mode): 1 where it logs L,
+                       1/W where it logs the ranks' mean of a local loss (xtuner's engine without the CE
+                       all-reduce)
 
 The sketch is K fixed random projections of the whole gradient, identical for
 every run, so a gradient k * g has sketch k * s exactly and cos = 1, scale = k;
@@ -53,7 +57,7 @@ def _nan_median(values: np.ndarray) -> np.ndarray:
 def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Per-run measures against the baseline, and the per-step curves behind them (for plots)."""
     sketch_columns = sorted((c for c in steps.columns if c.startswith("sketch_")), key=lambda c: int(c.split("_")[1]))
-    logged, a = step_arrays(steps, runs["run"], ["loss", "grad_norm", "clip_coef"])
+    logged, a = step_arrays(steps, runs["run"], ["loss", "grad_norm", "clip_coef", "reported_loss"])
     position = pd.Series(np.arange(len(runs)), index=runs["run"].to_numpy())
     base = runs["baseline"].map(position).fillna(-1).astype(int).to_numpy()
     has_base = base >= 0
@@ -112,6 +116,11 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     out["final_loss_diff"] = np.where(has_diff, loss[rows, last_shared] - base_loss[rows, last_shared], np.nan)
     out["first_step_beyond"] = first_true(beyond)
     out["losses_identical"] = shared.any(axis=1) & ((loss == base_loss) | ~shared).all(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reported = np.where(logged, a["reported_loss"] / loss, np.nan)
+    reported[~np.isfinite(reported)] = np.nan
+    out["reported_loss_ratio_step1"] = reported[:, 0]
+    out["reported_loss_ratio_median"] = _nan_median(reported)
     clipped = logged & (a["clip_coef"] < 1.0)
     out["clip_active_frac"] = np.where(
         logged.any(axis=1), clipped.sum(axis=1) / np.maximum(logged.sum(axis=1), 1), np.nan

@@ -1,14 +1,18 @@
 """A run's mode, as the analysis names and judges it, from its config (the rules are `runner.modes`').
 
 `label_modes` turns the `reduction` column into the mode's label
-(`runner.modes.mode_label`: `sum`, `sum[identity]`, `custom:MODULE:CALLABLE`)
-and adds `gradient` (against grad L: `runner.modes.run_gradient`),
-`fsdp_reduction` (the mode's, or `custom.fsdp_reduce`) and `all_reduce`: the one
-sentence that says which differentiable all-reduce the run used and what its
-backward does (empty for modes without one in the graph).
+(`runner.modes.run_mode_label`, the runner's own: `sum`, `sum[identity]`, a custom
+rule by its `custom.name` with FSDP's reduction, `torchtitan [FSDP sum]`, or
+`custom:MODULE:CALLABLE [FSDP mean]` where it has no name) and adds `gradient`
+(against grad L: `runner.modes.run_gradient`), `fsdp_reduction` (the mode's, or
+`custom.fsdp_reduce`) and `all_reduce`: the one sentence that says which
+differentiable all-reduce the run used and what its backward does (empty for
+modes without one in the graph).
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pandas as pd
 
@@ -18,22 +22,35 @@ from runner.modes import (
     Reduction,
     fsdp_reduction_of,
     has_graph_all_reduce,
-    mode_label,
     run_gradient,
+    run_mode_label,
 )
 
 
-def _mode_facts(reduction: object, all_reduce: object, fn: object, fsdp_reduce: object) -> tuple:
+def _given(value: object) -> str | None:
+    """A config value as recorded, None where the run's config lacks it (a missing column, or NaN)."""
+    return value if isinstance(value, str) and value else None
+
+
+def _mode_facts(reduction: object, all_reduce: object, fn: object, fsdp_reduce: object, name: object) -> tuple:
     """(label, gradient, FSDP reduction, all-reduce sentence) of one run; an unreadable mode keeps its value."""
     try:
         mode = Reduction(reduction)
     except ValueError:
         return reduction, None, None, ""
-    implementation = AutogradAllReduce(all_reduce if isinstance(all_reduce, str) else "funcol")
-    fsdp = fsdp_reduction_of(mode, fsdp_reduce if isinstance(fsdp_reduce, str) else "mean")
+    implementation = AutogradAllReduce(_given(all_reduce) or "funcol")
+    fsdp = fsdp_reduction_of(mode, _given(fsdp_reduce) or "mean")
     sentence = ALL_REDUCE_SENTENCE[implementation] if has_graph_all_reduce(mode) else ""
-    label = mode_label(mode, implementation, fn if isinstance(fn, str) else None)
-    return label, run_gradient(mode, implementation), fsdp, sentence
+    # The runner's own label of the config (a record without custom.fsdp_reduce or custom.name reads as before).
+    config = SimpleNamespace(
+        reduction=mode,
+        autograd_all_reduce=implementation,
+        custom=SimpleNamespace(fn=_given(fn), name=_given(name), fsdp_reduce=_given(fsdp_reduce)),
+    )
+    return run_mode_label(config), run_gradient(mode, implementation), fsdp, sentence
+
+
+LABEL_KEYS = ("reduction", "autograd_all_reduce", "custom.fn", "custom.fsdp_reduce", "custom.name")
 
 
 def label_modes(runs: pd.DataFrame) -> pd.DataFrame:
@@ -42,7 +59,7 @@ def label_modes(runs: pd.DataFrame) -> pd.DataFrame:
     Runs recorded before `autograd_all_reduce` and `custom` existed read as funcol and not custom.
     """
     missing = pd.Series(None, index=runs.index, dtype=object)
-    columns = [runs.get(c, missing) for c in ("reduction", "autograd_all_reduce", "custom.fn", "custom.fsdp_reduce")]
+    columns = [runs.get(c, missing) for c in LABEL_KEYS]
     facts = [_mode_facts(*values) for values in zip(*columns)]
     runs = runs.copy()
     for name, values in zip(

@@ -3,7 +3,9 @@
 - `runs`: one row per job directory (whatever became of it): `run` (its id,
   `<sweep>/<job>`), `sweep`, `job`, `status`, `error`, `steps_done`,
   `steps_logged`, `diverged_at`, `device_used`, `backend`, `paper` (the published
-  objective a custom rule writes out, from summary.json), then the whole resolved
+  objective a custom rule writes out, from summary.json), what its summary.json
+  records of the code and data it rests on (`analysis.load.provenance`: `upstream`,
+  the measured all-reduce backward, the identity's data parts), then the whole resolved
   config flattened to dotted columns (`reduction`, `world_size`, `optim.lr`...).
 - `steps`: one row per (run, logged step): the metrics.jsonl records, with
   `comm` flattened to `comm_<kind>_<field>` (plus `comm_total_<field>` over
@@ -21,6 +23,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from analysis.load.provenance import COLUMNS as PROVENANCE
+from analysis.load.provenance import provenance
 from runner.record.config_file import read_config
 from runner.record.metrics_file import parse_jsonl, read_arrow_copy
 
@@ -44,6 +49,7 @@ RUN_COLUMNS = [
     "device_used",
     "backend",
     "paper",
+    *PROVENANCE,
 ]
 NOT_RUN = ("invalid", "skipped")  # statuses of jobs that never started a rank
 # Every run has these, whatever its config.yaml held: the analysis groups by them.
@@ -64,8 +70,10 @@ REQUIRED_CONFIG = {
 class Sweeps:
     runs: pd.DataFrame
     steps: pd.DataFrame
-    # Interleaved cost jobs (`cost.modes` set): one row each, with `path`; not runs to compare.
+    # Interleaved cost jobs (`cost.modes` set) that measured: one row each, with `path`; not runs to compare.
     cost_jobs: pd.DataFrame | None = None
+    # What the analysis says of its input: a folder given twice, a cost job refused, failed or missing.
+    notes: list[str] = dataclass_field(default_factory=list)
 
 
 def is_cost_job(row: dict) -> bool:
@@ -157,6 +165,7 @@ def _run_row(sweep: Path, job: Path) -> dict:
         "device_used": summary.get("device"),  # what `device` (a config key) resolved to
         "backend": summary.get("backend"),
         "paper": _paper(summary),
+        **provenance(summary),
     }
     try:
         config = read_config(job / "config.yaml")
@@ -226,10 +235,71 @@ def _read_metrics(paths: list[Path]) -> list[pa.Table | None]:
     return tables
 
 
+def distinct_jobs(sweeps: list[Path]) -> tuple[list[tuple[Path, Path]], list[str]]:
+    """The jobs at `sweeps`, each once (a folder given twice, `s1 s1/`, or a job given beside its sweep), and a
+    note for each one given again."""
+    jobs, seen, notes = [], {}, []
+    for sweep in sweeps:
+        for named, job in job_dirs(sweep):
+            key = job.resolve()
+            if key in seen:
+                notes.append(f"{job} was given twice (also as {seen[key]}): analysed once")
+                continue
+            seen[key] = job
+            jobs.append((named, job))
+    if len(notes) > 3:
+        notes = [*notes[:2], f"... and {len(notes) - 2} more jobs given twice: each analysed once"]
+    return jobs, notes
+
+
+def _unmeasured_cost_job(row: dict, job: Path) -> str | None:
+    """Why a cost job holds no measurement to analyse (None: it holds one)."""
+    refused = job / "refused.json"
+    if (job / "metrics.jsonl").exists():
+        if refused.exists():
+            reason = _refusal_reason(refused)
+            return f"the cost job in {job} was refused in its last invocation ({reason}); its earlier measurement is analysed"
+        return None
+    status, error = row.get("status"), " ".join(str(_read_summary(job).get("error") or "").split())
+    if status == "invalid":
+        return f"the cost job in {job} was refused: {error or 'its config broke a rule'}"
+    if refused.exists():
+        return f"the cost job in {job} was refused: {_refusal_reason(refused)}"
+    if status == "skipped":
+        return f"the cost job in {job} was skipped: {error or 'this machine cannot run it'}"
+    if status == "unfinished":
+        return f"the cost job in {job} did not finish (no summary.json): still running, or its process died"
+    return f"the cost job in {job} {status or 'ended'} before it measured a step" + (f": {error}" if error else "")
+
+
+def _refusal_reason(path: Path) -> str:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return "refused.json is unreadable"
+    reason = record.get("error") or record.get("reason") or record.get("outcome") or "no reason recorded"
+    return " ".join(str(reason).split())
+
+
+def _recordless(sweeps: list[Path]) -> list[str]:
+    """Folders in a sweep that a job started (Hydra's .hydra/ is there) but that hold no config.yaml: a job,
+    such as `make run`'s cost job, that stopped before it recorded anything."""
+    notes = []
+    for sweep in sweeps:
+        if not sweep.is_dir() or (sweep / "config.yaml").exists():
+            continue
+        for child in sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if (child / ".hydra").is_dir() and not (child / "config.yaml").exists():
+                what = "the cost job" if child.name == "cost" else "a job"
+                notes.append(f"{what} in {child} left no record (no config.yaml): it stopped before it was admitted")
+    return notes
+
+
 def load_sweeps(sweeps: list[Path]) -> Sweeps:
-    """Every job at the given paths (sweeps, single runs or job directories), as `runs` and `steps`;
-    interleaved cost jobs apart, in `cost_jobs`."""
-    jobs = [job for sweep in sweeps for job in job_dirs(sweep)]
+    """Every job at the given paths (sweeps, single runs or job directories), each once, as `runs` and `steps`;
+    interleaved cost jobs that measured apart, in `cost_jobs`; `notes` says what was left out and why."""
+    jobs, notes = distinct_jobs(sweeps)
+    notes += _recordless(sweeps)
     if not jobs:
         raise FileNotFoundError(
             f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}; give a sweep, run or job directory"
@@ -237,10 +307,22 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     loaded = list(
         zip([_run_row(sweep, job) for sweep, job in jobs], _read_metrics([job / "metrics.jsonl" for _, job in jobs]))
     )
-    cost_jobs = pd.DataFrame(
-        [{**row, "path": str(sweep / job.name)} for (row, _), (sweep, job) in zip(loaded, jobs) if is_cost_job(row)]
-    )
+    loaded_all = loaded
+    cost_rows = []
+    for (row, _), (sweep, job) in zip(loaded, jobs):
+        if is_cost_job(row):
+            unmeasured = _unmeasured_cost_job(row, job)
+            notes += [unmeasured] if unmeasured else []
+            if (job / "metrics.jsonl").exists():
+                cost_rows.append({**row, "path": str(sweep / job.name)})
+    cost_jobs = pd.DataFrame(cost_rows)
     loaded = [(row, table) for row, table in loaded if not is_cost_job(row)]
+    ids = pd.Series([row["run"] for row, _ in loaded])
+    for (row, _), (sweep, job) in zip(loaded, [j for (r, _), j in zip(loaded_all, jobs) if not is_cost_job(r)]):
+        if (
+            ids == row["run"]
+        ).sum() > 1:  # two sweeps of one name (a/multirun/x, b/multirun/x): their paths tell them apart
+            row["run"] = f"{sweep}/{job.name}"
     runs = pd.DataFrame([row for row, _ in loaded], columns=RUN_COLUMNS if not loaded else None)
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
@@ -252,4 +334,4 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs["steps_logged"] = runs["run"].map(logged).fillna(0).astype(int)
     runs["diverged_at"] = runs["run"].map(first_bad).astype(float)
     runs = runs[RUN_COLUMNS + [c for c in runs.columns if c not in RUN_COLUMNS]]
-    return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs)
+    return Sweeps(runs=runs, steps=steps, cost_jobs=cost_jobs, notes=notes)

@@ -153,14 +153,19 @@ def cost_rows(cost: pd.DataFrame | None) -> pd.DataFrame:
     return cost[list(columns)].rename(columns=columns)
 
 
-def cost_section(cost: pd.DataFrame | None, floor: pd.DataFrame | None, sweeps: list[Path]) -> list[str]:
-    """report.md's cost section: the interleaved measurement's table, method and floor; one line without one."""
+def cost_section(
+    cost: pd.DataFrame | None, floor: pd.DataFrame | None, sweeps: list[Path], notes: list[str] | None = None
+) -> list[str]:
+    """report.md's cost section: the interleaved measurement's table, method and floor; one line without one,
+    which says why where a cost job was refused, failed or left no record (`notes`, the load's)."""
+    said = [note[0].upper() + note[1:] + "." for note in notes or [] if "cost job" in note]
     if cost is None or cost.empty:
         target = f"{sweeps[0]}/cost" if sweeps else "SWEEP_DIR/cost"
+        why = " ".join(said) if said else "this analysis holds no interleaved cost job."
         return [
             "## Cost, measured interleaved",
             "",
-            f"{QUESTION} Not measured: this analysis holds no interleaved cost job. `python -m runner experiment=cost "
+            f"{QUESTION} Not measured: {why[0].lower() + why[1:]} `python -m runner experiment=cost "
             f"hydra.run.dir={target}` measures one beside these runs (`make run` does), and a rerun of the "
             "analysis reports it.",
             "",
@@ -171,6 +176,7 @@ def cost_section(cost: pd.DataFrame | None, floor: pd.DataFrame | None, sweeps: 
         "",
         " ".join(cost_answer(job) for _, job in cost.groupby("job", sort=False)),
         "",
+        *([" ".join(said), ""] if said else []),
         table(cost_rows(cost)),
         "",
         "Each step ran every mode on the same micro-batches and model state, in a random order, each after a "

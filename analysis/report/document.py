@@ -43,10 +43,11 @@ def write_report(
     cost: pd.DataFrame | None = None,
     floor: pd.DataFrame | None = None,
     groups: int = 0,
+    notes: list[str] | None = None,
 ) -> Path:
     """report.md: the title, `answer`, the training sections in `body`, the cost section and the plots."""
     sections = [f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}", "", answer, *body]
-    sections += cost_section(cost, floor, sweeps)
+    sections += cost_section(cost, floor, sweeps, notes)
     if plots:
         captions = {figure.file: figure.caption for figure in CURVE_FIGURES} | {
             "post_training.png": POST_TRAINING_CAPTION

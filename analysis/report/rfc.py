@@ -1,17 +1,21 @@
-"""The report's answer to the RFC ("do we really need the all_reduce in the loss context?"), from the runs.
+"""The report's answer to the RFC (xtuner RFC #1335: "do we really need the all_reduce in the loss context?"),
+point by point, from the runs: each point opens with its answer (yes or no, or "Not measured here" with
+what would show it), then the numbers.
 
-Its two sides disagree about the backward of the differentiable all-reduce.
-With a SUM backward (funcol, and `torch.distributed.nn.functional.all_reduce`,
-which xtuner imports) each rank's loss gradient is multiplied by W, and FSDP's
-mean brings it back to grad L: remove the collective and the gradient is
-grad L / W. With an identity backward (Megatron's region reduction, what the
-RFC's author assumed) the collective changes nothing: the gradient is already
-grad L / W, as `local`'s. FSDP SUM, or W x loss under FSDP's mean, gives grad L
-with no collective per micro-batch.
+1. FSDP trains with the local loss, but its gradient is grad L / W: the runs that backpropagate a rank's
+   own S_rsm / N under FSDP's mean with no all-reduce in the graph (`local`, `detached`, xtuner as the RFC
+   proposes) measure a step-1 scale of 1/W against the reference.
+2. The all-reduce's backward decides whether it is needed. With a SUM backward (funcol, and
+   `torch.distributed.nn.functional.all_reduce`, which xtuner imports; each run measures it at its start)
+   each rank's loss receives W and FSDP's mean gives grad L back: drop it and the gradient is grad L / W.
+   With an identity backward (Megatron's region reduction, what the RFC's author assumed) it changes
+   nothing: the gradient is grad L / W, as `local`'s. Trainers that get grad L without it: FSDP SUM, or W x
+   loss under FSDP's mean; a SUM backward under FSDP SUM gives W x grad L.
+3. xtuner's TrainEngine averages the logged loss over the ranks outside autograd: logging only, no
+   second reduction of the gradient. Without the CE all-reduce that mean logs L / W (the runs' reported
+   loss over L), so a trainer that drops it must change its logging too.
 
-Each sentence is stated only where the sweep holds the runs that show it
-(completed, compared, W > 1), with their numbers; a sweep without an identity
-run says nothing about identity.
+Only what the runs show is stated (completed, compared, W > 1), with their numbers.
 """
 
 from __future__ import annotations
@@ -20,97 +24,146 @@ import numpy as np
 import pandas as pd
 
 from analysis.gradients.expected import SAME
-from analysis.gradients.tolerances import Tolerances
-from runner.modes import ALL_REDUCE_SENTENCE, BUILT_IN, AutogradAllReduce, Reduction, facts
+from analysis.report.markdown import listed, span
+from runner.modes import label_order
 
-TORCH_NN = f"sum[{AutogradAllReduce.torch_nn.value}]"
-IDENTITY = f"sum[{AutogradAllReduce.identity.value}]"
-WITHOUT = [Reduction.local.value, Reduction.detached.value]  # no all-reduce in the graph
+QUESTIONS = (
+    "Can FSDP train with the local loss alone?",
+    "Is the loss's differentiable all-reduce needed for grad L?",
+    "Is the engine's mean of the logged loss a second reduction of the gradient?",
+)
 
 
 def _names(labels) -> str:
-    return ", ".join(f"`{label}`" for label in labels)
+    return listed([f"`{label}`" for label in sorted(set(labels), key=label_order)])
 
 
-def _scales(rows: pd.DataFrame) -> str:
-    low, high = rows["factor"].min(), rows["factor"].max()
-    return f"{low:.6f}" if f"{low:.6f}" == f"{high:.6f}" else f"{low:.6f} to {high:.6f}"
+def _over_w(rows: pd.DataFrame, column: str = "factor") -> pd.Series:
+    return np.isclose(rows[column] * rows["world_size"], 1, rtol=1e-3)
 
 
-def _over_w(rows: pd.DataFrame) -> pd.Series:
-    return (rows["verdict"] == "rescaled") & np.isclose(rows["factor"] * rows["world_size"], 1, rtol=1e-3)
+def _by_world(rows: pd.DataFrame, column: str = "factor") -> str:
+    """'×0.500000 at W=2, ×0.250000 at W=4' of a column, per world size."""
+    return ", ".join(f"×{span(r[column], '.6f')} at W={w:g}" for w, r in rows.groupby("world_size"))
 
 
-def _without_collective(rows: pd.DataFrame, comm: pd.DataFrame | None) -> pd.Series:
-    """Runs that issue `local`'s loss all-reduces per step (N, and one for logging), no more: as counted
-    (comm.csv), else by the mode's facts (a custom callable's own collectives are known only when counted)."""
-    local = facts(Reduction.local)
-    allowed = rows["grad_accum"].map(lambda m: sum(local.loss_collectives(int(m)).values()))
-    counted = pd.Series(np.nan, index=rows.index)
-    if comm is not None and "loss_all_reduce_calls" in comm:
-        counted = pd.to_numeric(comm["loss_all_reduce_calls"].reindex(rows.index), errors="coerce")
-    built_in = {m.value for m in BUILT_IN}
-    by_facts = pd.Series(
-        [
-            label in built_in and facts(label).loss_collectives(2) == local.loss_collectives(2)
-            for label in rows["reduction"]
-        ],
-        index=rows.index,
-        dtype=bool,
+def _measured_backward(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The runs whose graph's all-reduce measured a SUM (W) or an identity (1) backward at W > 1."""
+    factor = rows["backward_factor"]
+    target = rows["world_size"] if kind == "SUM" else 1.0
+    return rows[factor.notna() & np.isclose(factor, target) & (rows["world_size"] > 1)]
+
+
+def _without_all_reduce(rows: pd.DataFrame) -> pd.Series:
+    """No differentiable all-reduce in the graph: no built-in mode that has one, none measured."""
+    return rows["all_reduce"].eq("") & rows["backward_factor"].isna()
+
+
+def _point_local(compared: pd.DataFrame) -> str:
+    local = compared[_without_all_reduce(compared) & (compared["verdict"] == "rescaled") & _over_w(compared)]
+    local = local[local["fsdp_reduction"] == "mean"]
+    if local.empty:
+        return (
+            f"{QUESTIONS[0]} Not measured here: no run backpropagates its local loss under FSDP's mean at W > 1 "
+            "(`local`, or xtuner as the RFC proposes, `trainer=xtuner_rfc`)."
+        )
+    return (
+        f"{QUESTIONS[0]} Yes, but its gradient is grad L / W, not grad L: {_names(local['reduction'])} "
+        f"(no all-reduce in the graph, FSDP's mean) measure a step-1 scale of {_by_world(local)} (= 1/W) against "
+        "the reference."
     )
-    return counted.le(allowed) | (counted.isna() & by_facts)
 
 
-def rfc_answer(table: pd.DataFrame, comm: pd.DataFrame | None = None, tol: Tolerances = Tolerances()) -> str:
-    """The paragraph (empty when the runs show none of it)."""
+def _point_all_reduce(compared: pd.DataFrame, table: pd.DataFrame) -> str:
+    multi = table[(table["world_size"] > 1) & ~table["verdict"].isin(["no reference", "failed", "not run"])]
+    sum_backward, identity = _measured_backward(multi, "SUM"), _measured_backward(multi, "identity")
+    true = multi["verdict"].isin(["reference", *SAME])
+    needs = sum_backward[true.reindex(sum_backward.index) & (sum_backward["fsdp_reduction"] == "mean")]
+    dropped = compared[_without_all_reduce(compared) & (compared["verdict"] == "rescaled") & _over_w(compared)]
+    if needs.empty and identity.empty:
+        reference = multi[multi["verdict"] == "reference"]
+        if len(reference) and len(dropped):  # records of a runner that did not measure the backward
+            return (
+                f"{QUESTIONS[1]} Yes, under FSDP's mean with the reference's all-reduce (`sum`, funcol; its backward "
+                f"not measured in these records): `sum` gets grad L, and without it the gradient is grad L / W "
+                f"({_names(dropped['reduction'])}: {_by_world(dropped)})."
+            )
+        return (
+            f"{QUESTIONS[1]} Not measured here: no run measured its all-reduce's backward at W > 1 (summary.json's "
+            "`all_reduce_backward`, recorded by runs with an all-reduce in the graph)."
+        )
+    torch = ", ".join(sorted(set(pd.concat([sum_backward, identity])["backward_torch"].dropna().astype(str))))
+    clauses = []
+    if len(needs):
+        clauses.append(
+            f"Yes, where its backward is a SUM and FSDP takes the mean: measured with torch {torch}, the backward "
+            f"gives each rank's loss ×{span(needs['backward_factor'], 'g')} (= W) in {_names(needs['reduction'])}, "
+            "whose gradient is grad L"
+            + (f"; without it the gradient is grad L / W ({_names(dropped['reduction'])})" if len(dropped) else "")
+        )
+    if len(identity):
+        as_local = identity[(identity["verdict"] == "rescaled") & _over_w(identity)]
+        clauses.append(
+            ("No" if not clauses else "no")
+            + f" with an identity backward (×1 measured in {_names(identity['reduction'])}): it changes nothing, "
+            + (
+                f"the gradient is grad L / W (step-1 scale {_by_world(as_local)}), as without it"
+                if len(as_local) == len(identity)
+                else f"the gradient is {', '.join(sorted(set(identity['verdict_text'])))}"
+            )
+        )
+    wrong = sum_backward[(sum_backward["fsdp_reduction"] == "sum") & np.isclose(
+        sum_backward["factor"], sum_backward["world_size"], rtol=1e-3
+    )]  # fmt: skip
+    if len(wrong):
+        clauses.append(f"kept under FSDP SUM it gives W x grad L ({_names(wrong['reduction'])}: {_by_world(wrong)})")
+    text = f"{QUESTIONS[1]} " + "; ".join(clauses) + "."
+    correct = compared[compared["verdict"].isin(SAME) & _without_all_reduce(compared)]
+    by_fsdp = {
+        "FSDP SUM": correct.loc[correct["fsdp_reduction"] == "sum", "reduction"],
+        "W x loss under FSDP's mean": correct.loc[correct["fsdp_reduction"] == "mean", "reduction"],
+    }
+    replacements = [f"{how} ({_names(labels)})" for how, labels in by_fsdp.items() if len(labels)]
+    if len(needs):
+        text += f" Which trainers need it: those whose rule has it in the graph under FSDP's mean ({_names(needs['reduction'])})"
+        text += "; the others get grad L without it, by " + " or by ".join(replacements) + "." if replacements else "."
+    elif replacements:
+        text += " Grad L without it: " + " or ".join(replacements) + "."
+    return text
+
+
+def _point_logging(compared: pd.DataFrame) -> str:
+    if "reported_loss_ratio_median" not in compared:
+        return ""
+    ratio = compared["reported_loss_ratio_median"]
+    logs_local_mean = compared[ratio.notna() & _over_w(compared, "reported_loss_ratio_median")]
+    if logs_local_mean.empty:
+        return (
+            f"{QUESTIONS[2]} Not measured here: no run logs the ranks' mean of a local loss (xtuner's engine "
+            "without the CE all-reduce, `trainer=xtuner_rfc`)."
+        )
+    gradient = logs_local_mean[logs_local_mean["verdict"] == "rescaled"]
+    text = (
+        f"{QUESTIONS[2]} No, it is logging only: it averages, outside autograd, a value that is the same on every "
+        f"rank once the loss is all-reduced. Without the CE all-reduce it logs L / W: {_names(logs_local_mean['reduction'])} "
+        f"report L {_by_world(logs_local_mean, 'reported_loss_ratio_median')} (= 1/W; reported loss over L, median "
+        "over steps)"
+    )
+    if len(gradient):
+        text += f", while the gradient is scaled once, not twice ({_by_world(gradient)}, as `local`'s)"
+    return text + ". A trainer that drops the CE all-reduce must change its logging too."
+
+
+def rfc_answer(table: pd.DataFrame, comm: pd.DataFrame | None = None) -> str:
+    """The three points (empty when the runs show none of them: no run at W > 1 was compared)."""
     compared = table[
         ~table["verdict"].isin(["reference", "no reference", "failed", "not run"]) & (table["world_size"] > 1)
     ]
-    used = [a for a in AutogradAllReduce if ALL_REDUCE_SENTENCE[a] in set(table["all_reduce"])]
-    sentences = [ALL_REDUCE_SENTENCE[a] for a in used]
-
-    torch_nn = compared[compared["reduction"] == TORCH_NN]
-    identity = compared[compared["reduction"] == IDENTITY]
-    without = compared[compared["reduction"].isin(WITHOUT) & _over_w(compared)]  # no all-reduce in the graph
-    evidence = []
-    if len(without):
-        evidence.append(
-            f"without it ({_names(sorted(set(without['reduction'])))}) the gradient is grad L / W "
-            f"(step-1 scale {_scales(without)})"
-        )
-    if len(identity) and _over_w(identity).all():
-        local = without[without["reduction"] == Reduction.local.value]
-        as_local = len(local) and np.isclose(identity["factor"].mean(), local["factor"].mean(), rtol=tol.scale_rtol)
-        evidence.append(
-            f"with an identity backward (`{IDENTITY}`) it is not needed and does nothing for the gradient, which "
-            f"is grad L / W (step-1 scale {_scales(identity)})" + (", as `local`'s" if as_local else "")
-        )
-    elif len(identity):
-        sentences.append(f"`{IDENTITY}` against the reference: {', '.join(sorted(set(identity['verdict_text'])))}.")
-    if evidence:
-        with_sum, verb = "`sum` (funcol, the reference)", "gets"
-        if len(torch_nn) and torch_nn["verdict"].isin(SAME).all():
-            with_sum += f" and `{TORCH_NN}` (xtuner's import; step-1 scale {_scales(torch_nn)})"
-            verb = "get"
-        sentences.append(
-            f"With a SUM-backward all-reduce, {with_sum} {verb} grad L, so the collective is needed for the "
-            f"gradient's scale under FSDP's mean: " + "; ".join(evidence) + "."
-        )
-    elif len(torch_nn):
-        sentences.append(f"`{TORCH_NN}` against the reference: {', '.join(sorted(set(torch_nn['verdict_text'])))}.")
-
-    correct = compared[compared["verdict"].isin(SAME) & _without_collective(compared, comm)]
-    by_fsdp = {
-        "FSDP SUM": sorted(set(correct.loc[correct["fsdp_reduction"] == "sum", "reduction"])),
-        "W x loss under FSDP's mean": sorted(set(correct.loc[correct["fsdp_reduction"] == "mean", "reduction"])),
-    }
-    replacements = [f"{how} ({_names(labels)})" for how, labels in by_fsdp.items() if labels]
-    if replacements:
-        sentences.append(
-            " or ".join(replacements)
-            + " replaces it: grad L with no per-micro-batch collective (the loss all-reduces of `local`: N and one "
-            "for logging per step)."
-        )
-    if not sentences:
+    if compared.empty:
         return ""
-    return "**The RFC** (is the loss's differentiable all-reduce needed?): " + " ".join(sentences)
+    if "backward_factor" not in compared:
+        table, compared = (frame.assign(backward_factor=np.nan, backward_torch=None) for frame in (table, compared))
+    points = [_point_local(compared), _point_all_reduce(compared, table), _point_logging(compared)]
+    return "**The RFC** (is the loss's differentiable all-reduce needed?), point by point:\n\n" + "\n".join(
+        f"{i}. {point}" for i, point in enumerate(points, 1) if point
+    )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.report.markdown import listed
 from analysis.trainers.table import COLUMNS, is_trainer
+from runner.modes import label_order
 
 
 def trainer_sentences(rows: pd.DataFrame) -> list[str]:
@@ -57,6 +59,36 @@ def trainers_answer(rows: pd.DataFrame) -> str:
     return f"{QUESTION} No, {true.sum()} of {len(trainers)} do; " + "; ".join(others) + "."
 
 
+def _named(labels) -> str:
+    return listed([f"`{label}`" for label in sorted(set(labels), key=label_order)])
+
+
+def backward_sentence(rows: pd.DataFrame) -> str:
+    """Which rules' graphs hold an all-reduce with a SUM backward, as each run measured it at its start, which an
+    identity one, and which none; "" where no run measured one."""
+    measured = rows[rows["backward"] != ""]
+    if measured.empty:
+        return ""
+    torch = ", ".join(sorted(set(measured["backward_torch"].dropna().astype(str))))
+    kinds = measured.groupby("backward", sort=False)["reduction"].agg(list)
+    phrases = {
+        "SUM": "a SUM backward (each rank's loss receives W) in {}",
+        "identity": "an identity backward (each rank's loss receives 1) in {}",
+        "SUM = identity": "a backward that gives 1 at W=1, where SUM and identity agree, in {}",
+    }
+    parts = [
+        phrases.get(kind, f"a backward of {kind} in {{}}").format(_named(labels)) for kind, labels in kinds.items()
+    ]
+    # A label measured at some layouts only (W=1 beside W=2) is named under each kind it showed.
+    none = rows.loc[rows["backward_text"].isin(["none in the graph", "none declared"]), "reduction"]
+    none = sorted(set(none) - set(measured["reduction"]), key=label_order)
+    text = (
+        f"The all-reduce in the loss's graph, its backward measured at each run's start (torch {torch}): "
+        + "; ".join(parts)
+    )
+    return text + (f"; none in the graph (none measured, none declared) of {_named(none)}." if none else ".")
+
+
 def trainers_section(trainers: pd.DataFrame | None) -> list[str]:
     """The trainers table (`analysis.trainers.table`), where the sweep holds custom callables or other all-reduces."""
     if trainers is None or not is_trainer(trainers["reduction"]).any():
@@ -66,10 +98,15 @@ def trainers_section(trainers: pd.DataFrame | None) -> list[str]:
         "",
         trainers_answer(trainers),
         "",
+        *([backward_sentence(trainers), ""] if backward_sentence(trainers) else []),
         trainers_markdown(trainers),
         "",
         "Each trainer's gradient as measured against its group's reference (`sum`, funcol): its step-1 factor "
         "(gradient sketch), whether its loss curve stays within tolerance of the reference's, and what it was "
-        "expected to give (`custom.expect`; a custom run without one is not judged). trainers.csv.",
+        "expected to give (`custom.expect`; a custom run without one is not judged). The code that ran: the "
+        "package and version whose functions the rule called, or the repository@commit (files) its paraphrase "
+        "follows. Loss all-reduces per step are counted in forward/backward (N's, the logged loss's, the rule's "
+        "own); other collectives vs local counts the rest beyond `local`'s (the Hugging Face Trainer's all-gather "
+        "of the token count is one: not a loss all-reduce). trainers.csv.",
         "",
     ]

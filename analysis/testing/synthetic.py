@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf._utils import get_omega_conf_dumper
 
 from runner.config import MetricsConfig, RunConfig, counted_step
+from runner.modes import ALL_REDUCE_BACKWARD, AutogradAllReduce, has_graph_all_reduce
 from runner.record.config_file import write_config_copy
 from runner.record.metrics_file import write_arrow_copy
 
@@ -48,6 +49,10 @@ class SyntheticRun:
     overrides: dict | None = None  # more config keys, dotted: {"optim.name": "sgd"}
     step_time_factor: float = 1.0  # every step takes this many times as long (e.g. a counter that costs time)
     paper: str | None = None  # the published objective its rule writes out (summary.json's custom_upstream)
+    reported_factor: float = 1.0  # the reported loss is this many times L (1/W: a mean of local losses logged)
+    own_loss_calls: int | None = None  # the mode's own loss all-reduces per step (None: as the runner's mode issues)
+    own_all_gathers: int = 0  # all-gathers per step of its own beyond FSDP's (a rule's token count)
+    summary: dict | None = None  # more summary.json fields: {"custom_upstream": [...], "all_reduce_backward": {...}}
 
     @property
     def job_name(self) -> str:
@@ -139,7 +144,8 @@ def _records(run: SyntheticRun) -> list[dict]:
         logged = run.diverge_at
     # Loss all-reduces per step as the runner issues them: N, plus the mode's own
     # (sum: 2 per micro-batch, detached: 1 per micro-batch, the others: 1 per step).
-    loss_calls = 1 + {"sum": 2 * run.grad_accum, "detached": run.grad_accum}.get(run.reduction, 1)
+    own = {"sum": 2 * run.grad_accum, "detached": run.grad_accum}.get(run.reduction, 1)
+    loss_calls = 1 + (own if run.own_loss_calls is None else run.own_loss_calls)
     timing = np.random.default_rng([run.seed, run.world_size, len(run.reduction)])
     packed = bool((run.overrides or {}).get("data.packing", False))
     records = []
@@ -149,6 +155,8 @@ def _records(run: SyntheticRun) -> list[dict]:
         step_time = run.step_time_factor * 0.05 * (1 + 0.02 * loss_calls) * (1 + 0.05 * timing.random())
         counted = counted_step(step, run.steps, DEFAULT_METRICS)  # as the runner samples (metrics.count_*)
         all_reduce = {"calls": loss_calls + 1, "bytes": 8 * (loss_calls + 1), "seconds": 1e-4 * (loss_calls + 1)}
+        gathers = 6 + run.own_all_gathers
+        all_gather = {"calls": gathers, "bytes": 1000 * gathers, "seconds": 1e-3 * gathers / 6}
         records.append(
             {
                 "step": step,
@@ -159,16 +167,14 @@ def _records(run: SyntheticRun) -> list[dict]:
                 "micro_batch_tokens_min": 250 if packed else 200,
                 "micro_batch_tokens_max": 250 if packed else 300,
                 "loss": float(loss[i]) if finite else None,
-                "reported_loss": float(loss[i]) if finite else None,
+                "reported_loss": float(loss[i]) * run.reported_factor if finite else None,
                 "grad_norm": float(grad_norm[i]) if finite else None,
                 "clip_coef": min(1.0, 1.0 / (float(grad_norm[i]) + 1e-6)),
                 "lr": 3e-3,
                 "step_time_s": step_time,
                 "peer_skew_s": 1e-4,
                 "tokens_per_s": 1000 / step_time,
-                "comm": {"all_gather": {"calls": 6, "bytes": 6000, "seconds": 1e-3}, "all_reduce": all_reduce}
-                if counted
-                else None,
+                "comm": {"all_gather": all_gather, "all_reduce": all_reduce} if counted else None,
                 "loss_comm": {"calls": loss_calls, "bytes": 8 * loss_calls, "seconds": 1e-4 * loss_calls}
                 if counted
                 else None,
@@ -176,6 +182,17 @@ def _records(run: SyntheticRun) -> list[dict]:
             }
         )
     return records
+
+
+def _measured_backward(run: SyntheticRun) -> dict:
+    """summary.json's `all_reduce_backward` as a `sum` run records it (`runner.train.all_reduce.measured_backward`):
+    W per rank for a SUM backward, 1 for identity; {} for modes without an all-reduce in the graph."""
+    if not has_graph_all_reduce(run.reduction):
+        return {}
+    implementation = AutogradAllReduce((run.overrides or {}).get("autograd_all_reduce", "funcol"))
+    factor = float(run.world_size) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0
+    measured = {"implementation": implementation.value, "factor": factor, "per_rank": [factor] * run.world_size}
+    return {"all_reduce_backward": {**measured, "expected": factor, "as_expected": True, "torch": "2.13.0+cpu"}}
 
 
 def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
@@ -201,6 +218,8 @@ def write_sweep(sweep: Path, runs: list[SyntheticRun]) -> Path:
         summary = {"status": run.status, "error": error, "steps_done": len(records), "device": "cpu", "backend": "gloo"}
         if run.paper:
             summary["custom_upstream"] = [{"paper": run.paper, "where": "its objective"}]
+        summary.update(_measured_backward(run) if run.status != "invalid" else {})
+        summary.update(run.summary or {})
         (job / "summary.json").write_text(json.dumps(summary))
     return sweep
 

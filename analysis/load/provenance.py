@@ -1,0 +1,88 @@
+"""What a run's summary.json records of the code and data its result rests on, as columns of `runs`.
+
+- `upstream`: the code a custom rule ran or followed (summary.json's `custom_upstream`), in a few words:
+  "transformers 5.25.0 (ForCausalLMLoss)" for a package whose functions it called, with the version that
+  ran; "NVIDIA/Megatron-LM@d98e8a6 (pretrain_gpt.py, schedules.py)" for a paraphrase (repository,
+  commit, files); "" where the run records none (a built-in mode). `upstream_detail`: all of it
+  (each function called, each file and function followed), for trainers.csv.
+- `backward_implementation`, `backward_factor`, `backward_per_rank`, `backward_torch`: the backward of
+  the graph's differentiable all-reduce as the run measured it at its start (`all_reduce_backward`: the
+  gradient a rank's input receives when every rank seeds 1: W for a SUM backward, 1 for identity), and
+  the torch version that gave it; NaN where the graph has none.
+- `identity_data`, `identity_tokenizer`, `identity_digest`: the run identity's parts that say what it
+  trained on (`runner.sweep.identity`); None where the run records no identity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+COLUMNS = [
+    "upstream",
+    "upstream_detail",
+    "backward_implementation",
+    "backward_factor",
+    "backward_per_rank",
+    "backward_torch",
+    "identity_data",
+    "identity_tokenizer",
+    "identity_digest",
+]
+DATA_PARTS = ("data", "tokenizer")  # the identity's parts that say what a run trained on
+
+
+def _short_commit(commit: object) -> str:
+    return str(commit)[:7] if commit else "?"
+
+
+def _file(entry: str) -> str:
+    """'xtuner/v1/loss/ce_loss.py: LMHeadLossContext.forward' -> 'ce_loss.py'."""
+    return entry.split(":", 1)[0].strip().rsplit("/", 1)[-1]
+
+
+def _entry(record: dict, detailed: bool) -> str:
+    if "package" in record:
+        version = record.get("version") or "(version not recorded)"
+        calls = [str(c) for c in record.get("calls") or []]
+        if not detailed:
+            called = ", ".join(c.rsplit(".", 1)[-1] for c in calls)
+            return f"{record['package']} {version}" + (f" ({called})" if called else "")
+        parts = [f"calls {', '.join(calls)}"] if calls else []
+        parts += [f"follows {'; '.join(map(str, record.get('follows') or []))}"] if record.get("follows") else []
+        return f"{record['package']} {version}" + (f": {'; '.join(parts)}" if parts else "")
+    if "repository" in record:
+        files = [str(f) for f in record.get("files") or []]
+        where = f"{record['repository']}@{_short_commit(record.get('commit'))}"
+        if detailed:
+            return f"{record['repository']}@{record.get('commit')}: {'; '.join(files)}"
+        shown = list(dict.fromkeys(_file(f) for f in files))
+        return f"{where} ({', '.join(shown)})" if shown else where
+    return str(record)
+
+
+def upstream_text(records: object, detailed: bool = False) -> str:
+    """summary.json's `custom_upstream` in words (see the module docstring); "" without one."""
+    if not isinstance(records, list):
+        return ""
+    return "; ".join(_entry(r, detailed) for r in records if isinstance(r, dict))
+
+
+def provenance(summary: dict) -> dict:
+    """The COLUMNS of one run from its summary.json."""
+    backward = summary.get("all_reduce_backward")
+    backward = backward if isinstance(backward, dict) else {}
+    per_rank = backward.get("per_rank")
+    identity = summary.get("identity")
+    parts = identity.get("parts") if isinstance(identity, dict) else None
+    parts = parts if isinstance(parts, dict) else {}
+    return {
+        "upstream": upstream_text(summary.get("custom_upstream")),
+        "upstream_detail": upstream_text(summary.get("custom_upstream"), detailed=True),
+        "backward_implementation": backward.get("implementation"),
+        "backward_factor": float(backward["factor"]) if isinstance(backward.get("factor"), (int, float)) else np.nan,
+        "backward_per_rank": "/".join(f"{f:g}" for f in per_rank) if isinstance(per_rank, list) else None,
+        "backward_torch": backward.get("torch"),
+        "identity_data": parts.get("data"),
+        "identity_tokenizer": parts.get("tokenizer"),
+        "identity_digest": identity.get("digest") if isinstance(identity, dict) else None,
+    }
