@@ -341,7 +341,7 @@ def test_the_trainers_plots_are_legible_with_a_colour_each(tmp_path, monkeypatch
 
     def checking_save(fig, path, dpi=100):
         checked[path.name] = legibility_problems(fig)
-        lines = [line for ax in fig.axes for line in ax.get_lines()]
+        lines = [line for ax in fig.axes for line in ax.get_lines() if line.get_gid() != "reference"]
         checked[path.name] += [] if len({line.get_color() for line in lines}) == len(lines) else ["a colour twice"]
         return save(fig, path, dpi)
 
