@@ -54,8 +54,9 @@ def _legend_grid(labels: list[str], width: float) -> tuple[int, int]:
     longest = max((len(line) for entry in lines for line in entry), default=1)
     fits = max(1, int(width // (0.07 * longest + 0.6)))
     columns = max(1, min(len(labels), fits))
-    tallest = max((len(entry) for entry in lines), default=1)
-    return columns, math.ceil(len(labels) / columns) * tallest
+    per_column = math.ceil(len(labels) / columns)  # matplotlib fills a legend's columns one after another
+    heights = [sum(len(entry) for entry in lines[i : i + per_column]) for i in range(0, len(lines), per_column)]
+    return columns, max(heights, default=1)
 
 
 def _joined(labels: list[str], width: int) -> str:
