@@ -176,7 +176,7 @@ def _analyze(
         other_pngs.append(interleaved_cost(cost, out))
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
-    pngs = (curve_figure_paths(curves, out) if plotting else []) + other_pngs
+    pngs = (curve_figure_paths(curves, out, runs) if plotting else []) + other_pngs
     trainers = trainers_table(runs, table, comm)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)

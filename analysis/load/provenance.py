@@ -3,7 +3,8 @@
 - `upstream`: the code a custom rule ran or followed (summary.json's `custom_upstream`), in a few words:
   "transformers 5.25.0 (ForCausalLMLoss)" for a package whose functions it called, with the version that
   ran; "NVIDIA/Megatron-LM@d98e8a6 (pretrain_gpt.py, schedules.py)" for a paraphrase (repository,
-  commit, files); "" where the run records none (a built-in mode). `upstream_detail`: all of it
+  commit, files); "no upstream (a rule of its own)" where the rule names none; "" where the run records
+  nothing (a built-in mode, an earlier runner). `upstream_detail`: all of it
   (each function called, each file and function followed), for trainers.csv.
 - `backward_implementation`, `backward_factor`, `backward_per_rank`, `backward_torch`: the backward of
   the graph's differentiable all-reduce as the run measured it at its start (`all_reduce_backward`: the
@@ -64,6 +65,8 @@ def upstream_text(records: object, detailed: bool = False) -> str:
     """summary.json's `custom_upstream` in words (see the module docstring); "" without one."""
     if not isinstance(records, list):
         return ""
+    if not records:  # recorded, and empty: the rule names no upstream code (a construction of its own)
+        return "no upstream (a rule of its own)"
     return "; ".join(_entry(r, detailed) for r in records if isinstance(r, dict))
 
 

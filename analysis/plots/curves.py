@@ -22,8 +22,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.plots.figures import plotted_groups, save, style_axes, widen_to  # noqa: E402
-from runner.modes import COLOURS, colours_for  # noqa: E402
+from analysis.plots.figures import (  # noqa: E402
+    REFERENCE,
+    plotted_groups,
+    reference_line,
+    save,
+    step_axis,
+    style_axes,
+    widen_to,
+)
+from runner.modes import COLOURS, colours_for, label_order  # noqa: E402
 
 COLORS = COLOURS  # one colour per mode, from the modes' facts
 
@@ -42,10 +50,24 @@ def _width(count: int) -> float:
 def _legend_grid(labels: list[str], width: float) -> tuple[int, int]:
     """(columns, rows) of a legend of `labels` that fits `width` inches (9 pt text: about 0.07 in a character,
     0.6 in for the line and the spacing): long labels (custom:MODULE:CALLABLE) take fewer columns, more rows."""
-    longest = max((len(label) for label in labels), default=1)
+    lines = [label.split("\n") for label in labels]  # an entry of identical curves may take several lines
+    longest = max((len(line) for entry in lines for line in entry), default=1)
     fits = max(1, int(width // (0.07 * longest + 0.6)))
     columns = max(1, min(len(labels), fits))
-    return columns, math.ceil(len(labels) / columns)
+    per_column = math.ceil(len(labels) / columns)  # matplotlib fills a legend's columns one after another
+    heights = [sum(len(entry) for entry in lines[i : i + per_column]) for i in range(0, len(lines), per_column)]
+    return columns, max(heights, default=1)
+
+
+def _joined(labels: list[str], width: int) -> str:
+    """Labels of identical curves as one legend entry, "a = b = c", in lines of about `width` characters."""
+    lines = [labels[0]]
+    for label in labels[1:]:
+        if len(lines[-1]) + 3 + len(label) <= width:
+            lines[-1] += f" = {label}"
+        else:
+            lines.append(f"= {label}")
+    return "\n".join(lines)
 
 
 def _panels(count: int, legend_rows: int = 2):
@@ -68,6 +90,38 @@ def _panels(count: int, legend_rows: int = 2):
     for ax in axes.flat[count:]:
         ax.set_visible(False)
     return fig, list(axes.flat)[:count]
+
+
+FEW_POINTS = 20  # a curve of at most this many points is drawn with a marker at each
+
+
+def identical_curves(values: np.ndarray, positions: list[int]) -> list[list[int]]:
+    """`positions` (rows of `values`) in clusters of identical curves (NaN equal to NaN), in their order: a
+    cluster is drawn once, its labels joined ("sum = fsdp_sum"), so that no curve hides another unnamed."""
+    clusters: list[list[int]] = []
+    for position in positions:
+        if not np.isfinite(values[position]).any():
+            continue  # nothing to draw (a run without this curve: no baseline, no sketch)
+        for cluster in clusters:
+            if np.array_equal(values[cluster[0]], values[position], equal_nan=True):
+                cluster.append(position)
+                break
+        else:
+            clusters.append([position])
+    return clusters
+
+
+def reference_levels(curve: str, world_size: float) -> list[tuple[float, str]]:
+    """The levels a curve is read against, labelled: 1 (the baseline's) and 1/W (without the loss's all-reduce)
+    for the gradient scale k, 1 for the cosine."""
+    if curve == "sketch_scale":
+        levels = [(1.0, "1 (the baseline's)")]
+        if np.isfinite(world_size) and world_size > 1:
+            levels.append((1.0 / world_size, f"1/W = 1/{world_size:g}"))
+        return levels
+    if curve == "sketch_cos":
+        return [(1.0, "1 (same direction)")]
+    return []
 
 
 @dataclass(frozen=True)
@@ -105,10 +159,14 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     of 16 panels costs about a fifth of the drawing, and the forked process runs its jobs one after
     another anyway). The arguments are the plotted runs as plain Python objects and their curves as
     arrays, so that a forked process (`background.py`) can draw them without running Arrow code."""
-    figures = [figure for figure in CURVE_FIGURES if figure.curve in curves]
-    plotted = runs["group"].isin(plotted_groups(runs)).to_numpy()
+    ran = curves["logged"].any(axis=1)  # a run that logged no step has no curve, and a group of such runs no panel
+    own_baseline = (runs["run"] == runs["baseline"]).to_numpy()
+    figures = [
+        figure for figure in CURVE_FIGURES if figure.curve in curves and _has_curve(figure, curves, own_baseline)
+    ]
+    plotted = (ran & runs["group"].isin(plotted_groups(runs[ran])).to_numpy()) if ran.any() else ran
     members = (
-        runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]]
+        runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction", "world_size"]]
         .astype(object)
         .reset_index(drop=True)
     )
@@ -119,9 +177,18 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     )
 
 
-def curve_figure_paths(curves: dict[str, np.ndarray], out: Path) -> list[Path]:
+def _has_curve(figure: CurveFigure, curves: dict[str, np.ndarray], own_baseline: np.ndarray) -> bool:
+    """Whether `figure` has something to show: a finite value of a run against a baseline other than itself
+    (the loss: of any run). No baseline, no difference figure: raw losses are no difference."""
+    values = curves[figure.curve]
+    against = values if figure.curve == "loss" else values[~own_baseline]
+    return bool(np.isfinite(against).any())
+
+
+def curve_figure_paths(curves: dict[str, np.ndarray], out: Path, runs: pd.DataFrame | None = None) -> list[Path]:
     """The files `curve_figure_jobs` draws, in its order."""
-    return [out / figure.file for figure in CURVE_FIGURES if figure.curve in curves]
+    own = (runs["run"] == runs["baseline"]).to_numpy() if runs is not None else np.zeros(len(curves["logged"]), bool)
+    return [out / figure.file for figure in CURVE_FIGURES if figure.curve in curves and _has_curve(figure, curves, own)]
 
 
 def curves_per_group(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Path) -> list[Path]:
@@ -140,24 +207,43 @@ def draw_curve_figures(
     """
     groups = plotted_groups(runs)
     shown = runs[runs["group"].isin(groups)]
-    labels = list(dict.fromkeys(_label(run) for _, run in shown.iterrows()))
-    legend = _legend_grid(labels, _width(len(groups)))
+    width = max((len(_label(run)) for _, run in shown.iterrows()), default=1)
+    # Per figure: each panel's curves in clusters of identical ones, and their legend entries.
+    drawn = {}
+    for figure in figures:
+        clusters = {group: identical_curves(curves[figure.curve], _drawing_order(runs, group)) for group in groups}
+        entries = [_joined([_label(runs.iloc[i]) for i in c], max(width, 40)) for cs in clusters.values() for c in cs]
+        drawn[figure.file] = clusters, list(dict.fromkeys(entries))
+    legends = {name: _legend_grid(entries, _width(len(groups))) for name, (_, entries) in drawn.items()}
     colours = colours_for(shown["reduction"])
-    fig, axes = _panels(len(groups), legend_rows=legend[1])
+    fig, axes = _panels(len(groups), legend_rows=max((rows for _, rows in legends.values()), default=1))
+    last_step = next(iter(curves.values())).shape[1] if curves else 1  # the steps the arrays hold
     for ax, group in zip(axes, groups):
-        _style_panel(ax, runs.loc[runs["group"] == group, "group_label"].iloc[0])
+        _style_panel(ax, runs.loc[runs["group"] == group, "group_label"].iloc[0], last_step)
     paths = []
     for figure in figures:
-        _draw_curves(fig, axes, runs, groups, curves[figure.curve], figure, legend[0], colours)
+        clusters = drawn[figure.file][0]
+        _draw_curves(fig, axes, runs, clusters, curves[figure.curve], figure, legends[figure.file][0], colours, width)
         paths.append(save(fig, out / figure.file))
     plt.close(fig)
     return paths
 
 
-def _style_panel(ax, label: str) -> None:
+def _drawing_order(runs: pd.DataFrame, group: str) -> list[int]:
+    """A group's runs (rows of `runs`): the baseline first (a cluster of identical curves is named from it, and
+    drawn dashed), then in the modes' order."""
+    members = runs[runs["group"] == group]
+    order = sorted(
+        members.index, key=lambda r: (runs.at[r, "run"] != runs.at[r, "baseline"], label_order(runs.at[r, "reduction"]))
+    )
+    return [runs.index.get_loc(r) for r in order]
+
+
+def _style_panel(ax, label: str, last_step: int) -> None:
     ax.set_title(label, fontsize=9, y=1.0)  # a fixed y skips matplotlib's costly automatic title placement
     ax.set_xlabel("step")
     style_axes(ax, integer_x=True)
+    step_axis(ax, last_step)
 
 
 def _label(run) -> str:
@@ -165,31 +251,46 @@ def _label(run) -> str:
 
 
 def _draw_curves(
-    fig, axes, runs: pd.DataFrame, groups: list[str], values: np.ndarray, figure: CurveFigure, columns: int, colours
+    fig,
+    axes,
+    runs: pd.DataFrame,
+    clusters: dict[str, list[list[int]]],
+    values: np.ndarray,
+    figure: CurveFigure,
+    columns: int,
+    colours,
+    width: int,
 ) -> None:
     """values[run, step] as one line per run in its group's panel (baseline dashed), in place of the last figure's."""
     for legend in fig.legends[:]:
         legend.remove()
     steps = np.arange(1, values.shape[1] + 1)
-    for ax, group in zip(axes, groups):
+    for ax, (group, identical) in zip(axes, clusters.items()):
         for line in ax.get_lines()[:]:
             line.remove()
+        for text in ax.texts[:]:
+            text.remove()
         members = runs[runs["group"] == group]
-        for row, run in members.iterrows():
-            position = runs.index.get_loc(row)
-            baseline = run["run"] == run["baseline"]
+        for cluster in identical:
+            run = runs.iloc[cluster[0]]
+            curve = values[cluster[0]]
+            few = np.isfinite(curve).sum() <= FEW_POINTS  # a short curve shows its points (one point: a marker)
             ax.plot(
                 steps,
-                values[position],
-                "--" if baseline else "-",
+                curve,
+                "--" if run["run"] == run["baseline"] else "-",
                 color=colours.get(run["reduction"], "grey"),
                 lw=1.2,
-                label=_label(run),
+                marker="o" if few else None,
+                markersize=3.5,
+                label=_joined([_label(runs.iloc[i]) for i in cluster], max(width, 40)),  # coinciding curves, named
             )
         ax.relim()
-        ax.autoscale()
+        ax.autoscale(axis="y")  # the x axis is the steps' (`step_axis`)
+        for level, name in reference_levels(figure.curve, members["world_size"].iloc[0]):
+            reference_line(ax, level, name)
         widen_to(ax, figure.min_span)
         ax.set_ylabel(figure.ylabel)
     fig.suptitle(figure.title, y=1 - 0.15 / fig.get_figheight(), va="top")  # a second call replaces the first
-    handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if h.get_gid() != REFERENCE}
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns, frameon=False, fontsize=9)

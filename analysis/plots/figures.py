@@ -37,6 +37,29 @@ def style_axes(ax, *, integer_x: bool = False) -> None:
     ax.grid(alpha=0.3)
 
 
+REFERENCE = "reference"  # the gid of a reference line (1, 1/W): drawn and labelled, not a curve of the legend
+
+
+def step_axis(ax, last_step: int) -> None:
+    """An x axis of whole steps: integer ticks only, and room around a run of one or two steps (whose axis would
+    otherwise span 0.96 to 1.04 and be ticked in fractions)."""
+    ax.xaxis.set_major_locator(MaxNLocator(4, integer=True, min_n_ticks=1))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0f}"))
+    ax.set_xlim(*((0.5, last_step + 0.5) if last_step <= 3 else (1, last_step)))  # step 0 is no step
+
+
+def reference_line(ax, level: float, name: str) -> None:
+    """A thin horizontal line at `level`, its name written on it at the panel's right end."""
+    ax.axhline(level, color="0.55", lw=0.8, ls=":", gid=REFERENCE, zorder=0)
+    ax.annotate(
+        name, xy=(1, level), xycoords=("axes fraction", "data"), xytext=(-3, 2), textcoords="offset points",
+        ha="right", va="bottom", fontsize=7, color="0.35",
+    )  # fmt: skip
+    low, high = ax.get_ylim()
+    if not low <= level <= high:  # the level in view, so its label is
+        ax.set_ylim(min(low, level), max(high, level))
+
+
 def widen_to(ax, span: float) -> None:
     """A y range of at least `span` around the data: differences below it (float noise, or within the
     comparison's tolerance) are drawn flat instead of filling the panel."""

@@ -7,9 +7,37 @@ import pandas as pd
 
 from runner.modes import label_order
 
+# Columns whose missing value means "it never happened" (a curve that never departs from its baseline's).
+NEVER = ("departs at", "first_step_beyond", "diverged_at")
 
-def table(frame: pd.DataFrame, empty: str = "(none)") -> str:
-    return frame.to_markdown(index=False, floatfmt=".4g", missingval="") if len(frame) else empty
+
+def readable(frame: pd.DataFrame, floatfmt: str = ".4g") -> pd.DataFrame:
+    """`frame` with no NaN a reader would see: "never" in NEVER's columns, "-" elsewhere (a run that did not
+    measure it: not run, failed, too few steps for an interval); a column with such a cell has its numbers
+    written in `floatfmt` here (it becomes a column of text)."""
+    shown = frame.copy()
+    for column in frame.columns:
+        missing = frame[column].isna()
+        if not missing.any():
+            continue
+        values = frame[column].astype(object)
+        written = [
+            ("never" if column in NEVER else "-")
+            if gone
+            else format(value, floatfmt)
+            if isinstance(value, float)
+            else value
+            for value, gone in zip(values, missing)
+        ]
+        shown[column] = pd.Series(written, index=frame.index, dtype=object)
+    return shown
+
+
+def table(frame: pd.DataFrame, empty: str = "(none)", floatfmt: str = ".4g") -> str:
+    """A Markdown table of `frame`: numbers in `floatfmt`, no `nan` cell (`readable`)."""
+    if not len(frame):
+        return empty
+    return readable(frame, floatfmt).to_markdown(index=False, floatfmt=floatfmt, missingval="-")
 
 
 def by_mode(frame: pd.DataFrame) -> pd.DataFrame:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.report.markdown import listed
+from analysis.report.markdown import listed, table
 from analysis.trainers.table import COLUMNS, is_trainer
 from runner.modes import label_order
 
@@ -37,7 +37,7 @@ def trainer_sentences(rows: pd.DataFrame) -> list[str]:
 def trainers_markdown(rows: pd.DataFrame) -> str:
     """The trainers table as report.md shows it."""
     shown = rows[list(COLUMNS)].rename(columns=COLUMNS)
-    return shown.to_markdown(index=False, floatfmt=".6g", missingval="")
+    return table(shown, floatfmt=".6g")
 
 
 QUESTION = "Do the trainers' rules give grad L, as the reference does?"
