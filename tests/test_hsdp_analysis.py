@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analysis.pipeline import analyze
-from analysis.synthetic import SyntheticRun, write_sweep
+from analysis.testing.synthetic import SyntheticRun, write_sweep
 
 HSDP = {"dp_replicate": 2}
 
