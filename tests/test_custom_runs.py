@@ -75,7 +75,7 @@ def test_funcol_and_torch_nn_give_grad_L_and_identity_grad_L_over_W(analysed):
 @pytest.mark.slow
 def test_a_callable_from_the_working_directory_gets_the_verdict_its_math_gives(analysed):
     _, verdicts = analysed
-    custom = verdicts[verdicts["reduction"] == "custom:my_reductions:per_rank_token_mean"].iloc[0]
+    custom = verdicts[verdicts["reduction"] == "custom:my_reductions:per_rank_token_mean [FSDP mean]"].iloc[0]
     assert custom["baseline"] == verdicts.loc[verdicts["verdict"] == "reference", "run"].iloc[0]
     assert (custom["verdict"], custom["expected"], bool(custom["as_expected"])) == ("different", "different", True)
     assert custom["sketch_cos_step1"] < 1 - 1e-4  # padded documents: the ranks' token counts differ
