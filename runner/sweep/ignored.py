@@ -31,12 +31,13 @@ from runner.modes import has_graph_all_reduce
 from runner.ranges import value_at
 from runner.sweep.custom_check import custom_fn_facts
 from runner.sweep.model_rules import other_architecture_fields
+from runner.sweep.rerun import flat_config
 
 Problems = list[tuple[str, str]]
 # Keys that a sweep sets for some of its modes on purpose: `-m reduction=sum,local autograd_all_reduce=identity`,
 # `-m reduction=local,custom custom.fn=...` (README, "Which differentiable all-reduce" and "Custom reductions").
-SWEPT_ON_PURPOSE = (
-    "autograd_all_reduce",
+# The custom.* keys, read by reduction=custom only.
+CUSTOM_KEYS = (
     "custom.fn",
     "custom.fsdp_reduce",
     "custom.expect",
@@ -45,6 +46,7 @@ SWEPT_ON_PURPOSE = (
     "custom.expect_layouts",
     "custom.weighs",
 )
+SWEPT_ON_PURPOSE = ("autograd_all_reduce", *CUSTOM_KEYS)
 
 
 @dataclass(frozen=True)
@@ -82,15 +84,7 @@ RULES = (
         ),
     ),
     Rule(
-        (
-            "custom.fn",
-            "custom.fsdp_reduce",
-            "custom.expect",
-            "custom.rule",
-            "custom.name",
-            "custom.expect_layouts",
-            "custom.weighs",
-        ),
+        CUSTOM_KEYS,
         lambda cfg: cfg.reduction.value == "custom",
         lambda cfg: f"reduction={cfg.reduction.value} is a built-in mode; custom.* is read by reduction=custom only",
     ),
@@ -251,7 +245,7 @@ def _shown(value: object) -> object:
 def trainer_keys(trainer: str | None, conf: Path) -> dict:
     """The keys conf/trainer/NAME.yaml sets, with their values ({} without a trainer)."""
     preset = conf / "trainer" / f"{trainer}.yaml"
-    return _flat(OmegaConf.to_container(OmegaConf.load(preset))) if trainer and preset.exists() else {}
+    return flat_config(OmegaConf.to_container(OmegaConf.load(preset))) if trainer and preset.exists() else {}
 
 
 def trainer_problems(cfg: DictConfig, trainer: str | None, *, conf: Path, sweeping: bool) -> Problems:
@@ -283,12 +277,3 @@ def _as_set(cfg: DictConfig, key: str, preset_value: object) -> object:
         node = OmegaConf.select(cfg, parent) if parent else cfg
         return OmegaConf.to_container(node, resolve=False).get(leaf) if isinstance(node, DictConfig) else None
     return _shown(value_at(cfg, key))
-
-
-def _flat(config: object, prefix: str = "") -> dict:
-    if not isinstance(config, dict):
-        return {prefix.rstrip("."): config}
-    flat = {}
-    for key, value in config.items():
-        flat.update(_flat(value, f"{prefix}{key}."))
-    return flat

@@ -71,7 +71,7 @@ def earlier_attempt(job_dir: Path, identity: dict) -> str:
 
 def differing_keys(old_yaml: str, new_yaml: str) -> list[str]:
     """The dotted keys whose values differ between two config.yaml texts, with both values."""
-    old, new = _flat(parse_config(old_yaml) or {}), _flat(parse_config(new_yaml) or {})
+    old, new = flat_config(parse_config(old_yaml) or {}), flat_config(parse_config(new_yaml) or {})
     return [
         f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
         for key in sorted(old.keys() | new.keys())
@@ -79,12 +79,13 @@ def differing_keys(old_yaml: str, new_yaml: str) -> list[str]:
     ]
 
 
-def _flat(config: object, prefix: str = "") -> dict:
+def flat_config(config: object, prefix: str = "") -> dict:
+    """A parsed config as {dotted key: value}."""
     if not isinstance(config, dict):
         return {prefix.rstrip("."): config}
     flat = {}
     for key, value in config.items():
-        flat.update(_flat(value, f"{prefix}{key}."))
+        flat.update(flat_config(value, f"{prefix}{key}."))
     return flat
 
 
