@@ -105,8 +105,15 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             if resumes is not None:  # the steps after the checkpoint's are computed again
                 checkpoints.truncate_metrics(job_dir / "metrics.jsonl", resumes[0])
             run = start_wandb_run(
-                cfg, job_dir, name=job.name, group=job.group, extra_config={"dp": layout.dp, "layout": str(layout)}
+                cfg,
+                job_dir,
+                name=job.name,
+                group=job.group,
+                extra_config={"dp": layout.dp, "layout": str(layout)},
+                resumes=resumes is not None,
             )
+            if run is not None:
+                summary["wandb_run_id"] = run.id
             charted_every = cfg.wandb.log_every if run is not None else 1  # read only when there is a W&B run
             logger = MetricLogger(job_dir / "metrics.jsonl", run, wandb_every=charted_every)
         marks["init"] = time.time()
