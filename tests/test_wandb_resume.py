@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from test_resume import finished, run
 
+from analysis.load.sweeps import load_sweeps
 from runner.record import checkpoints
 from runner.record.summary import read_summary
 from runner.record.wandb_run import RUN_ID_FILE, checkpointed_run_id
@@ -107,6 +108,7 @@ def test_a_job_stopped_past_a_checkpoint_and_rerun_continues_its_offline_wandb_r
     if how == "SIGTERM":  # W&B finished the first attempt's run: its log is whole, and the two hold each step once
         assert run_record(first)["run_id"] == run_id and not run_record(first).get("resume")
         assert logged_steps(first) == list(range(1, resumed_from + 1))
+        assert load_sweeps([tmp_path]).runs.set_index("job").loc["job", "wandb_run_id"] == run_id  # the analysis'
     else:  # offline, W&B's service writes its log in 32 KiB blocks and loses the unwritten one when killed
         assert all(record["type"] == "header" for record in first) or run_record(first)["run_id"] == run_id
 

@@ -12,6 +12,8 @@
   the torch version that gave it; NaN where the graph has none.
 - `identity_data`, `identity_tokenizer`, `identity_digest`: the run identity's parts that say what it
   trained on (`runner.sweep.identity`); None where the run records no identity.
+- `wandb_run_id`: the id of the run's W&B run (one run across the attempts of a job resumed from its
+  checkpoint); None where it had none (`wandb.mode=disabled`, an earlier runner).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ COLUMNS = [
     "identity_data",
     "identity_tokenizer",
     "identity_digest",
+    "wandb_run_id",
 ]
 DATA_PARTS = ("data", "tokenizer")  # the identity's parts that say what a run trained on
 
@@ -88,4 +91,5 @@ def provenance(summary: dict) -> dict:
         "identity_data": parts.get("data"),
         "identity_tokenizer": parts.get("tokenizer"),
         "identity_digest": identity.get("digest") if isinstance(identity, dict) else None,
+        "wandb_run_id": summary.get("wandb_run_id"),
     }
