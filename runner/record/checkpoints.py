@@ -8,6 +8,7 @@
         rank0.pt, rank1.pt ...       each rank's RNG states and counters
         meta.json                    written last, by rank 0, once every rank's files are written
     checkpoints/.partial-step-00000012/   one being written (or cut off): never loaded
+    checkpoints/wandb_run_id         the W&B run the checkpoints continue (`runner.record.wandb_run`)
 
 A checkpoint is written under a `.partial-` name and renamed to `step-N` only when every rank's files and
 `meta.json` are in it, so a job killed mid-write leaves a partial folder that nothing reads (the next save
