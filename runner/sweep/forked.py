@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -46,12 +47,18 @@ class ForkServer:
         self._pids: dict[int, int | str] = {}  # request id -> pid (or the error)
         self._codes: dict[int, int] = {}
         self._next_id = 0
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "runner.world.fork_server"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,
-        )
+        # Born with SIGINT and SIGTERM blocked (a mask survives exec): a terminal's Ctrl-C or a kill of the
+        # launcher's process group is the launcher's to act on; the server ends when the launcher does.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "runner.world.fork_server"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         self._ready, self._eof = False, False
         threading.Thread(target=self._read_replies, daemon=True).start()
 

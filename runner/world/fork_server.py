@@ -16,8 +16,9 @@ replies on stdout
     {"pid": P, "code": C}          when the child ends: its exit status as subprocess gives it
                                    (negative: killed by that signal)
 The server exits when its stdin closes (its launcher ended); children still running are left to finish.
-SIGINT stays blocked in the server and its children as the launcher started it: a terminal's Ctrl-C is
-the launcher's to act on (`runner.sweep.spawn`).
+The server blocks SIGINT and SIGTERM (a terminal's Ctrl-C, a kill of the launcher's process group: the
+launcher's to act on, `runner.sweep.spawn`); a child unblocks SIGTERM and keeps SIGINT blocked, as a rank
+the launcher starts itself is born.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import importlib
 import json
 import os
 import select
+import signal
 import sys
 
 # What a rank imports that does not change between ranks: torch and its distributed modules, numpy,
@@ -75,6 +77,7 @@ def _become(request: dict) -> None:
     base = [p for p in sys.path[1:] if os.path.abspath(p) not in own]
     sys.path[:] = [os.getcwd(), *extra, *base]
     sys.argv = [module, *argv]
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # SIGINT stays blocked, as in a spawned rank
     code = 0
     try:
         import runpy
@@ -115,6 +118,7 @@ def _reap() -> None:
 
 
 def serve() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # as the launcher started it
     for name in PRELOADED:
         importlib.import_module(name)
     _reply({"ready": True, "pid": os.getpid()})
