@@ -22,6 +22,7 @@ from analysis.gradients.groups import NotComparable
 from analysis.gradients.tolerances import Tolerances
 from analysis.load.sweeps import NOT_RUN, newest_result, not_a_result
 from analysis.pipeline import analyze
+from analysis.trainers.table import judged_elsewhere
 from analysis.wandb_log import WANDB_MODES
 
 PRINTED = ["group_label", "reduction", "status", "verdict_text", "expected", "as_expected", "reason"]
@@ -102,8 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     not_run = unjudged[unjudged["status"].isin(NOT_RUN)]
     if len(not_run):
         print(f"check: {len(not_run)} job(s) never ran (invalid or skipped); not judged")
-    if len(unjudged) > len(not_run):
-        print(f"check: {len(unjudged) - len(not_run)} custom run(s) without custom.expect; not judged")
+    elsewhere_runs = set(result.runs.loc[judged_elsewhere(result.runs), "run"]) if "run" in result.runs else set()
+    custom = unjudged[~unjudged["status"].isin(NOT_RUN)]
+    elsewhere = custom["run"].isin(elsewhere_runs)
+    if elsewhere.any():
+        print(f"check: {elsewhere.sum()} custom run(s) judged in their own sections below (post-training, known bugs)")
+    if (~elsewhere).any():
+        print(f"check: {(~elsewhere).sum()} custom run(s) without custom.expect; not judged")
     for sentence in [s for s in table["all_reduce"].unique() if s]:  # which all-reduce the sum runs used
         print(f"check: {sentence}")
     post_training_failed = _check_post_training(result)

@@ -86,3 +86,23 @@ def test_a_second_sigint_right_after_the_first_cannot_lose_the_record(tmp_path):
     info = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert info["status"] == "failed" and info["interrupted"] and "recorded step(s), which are kept" in info["error"]
     assert rank_processes(str(tmp_path)) == []
+
+
+def test_the_first_signal_to_arrive_decides_even_when_both_land_in_one_c_call(tmp_path):
+    # CPython would run SIGINT's handler first (by number) when SIGTERM came first during one long C call.
+    script = (
+        "import hashlib, sys, time\n"
+        "from runner.sweep import interrupts\n"
+        "interrupts.hold_for_good()\n"
+        "print('ready', flush=True)\n"
+        "hashlib.pbkdf2_hmac('sha256', b'x', b'y', 3_000_000)\n"  # one C call of about a second
+        "print(interrupts.first_signal(), flush=True)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(0.1)
+    child.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    out, _ = child.communicate(timeout=120)
+    assert out.strip() == str(int(signal.SIGTERM))

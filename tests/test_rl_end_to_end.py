@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_readme_post_training import readme_table
 
 TRAINERS = "reference,verl_token_mean,trl_bnpo,trl_dapo,verl_cp_count_token_mean,paper_dapo"
 LAYOUTS = "w1,w2,w2_sp2"
@@ -51,6 +52,13 @@ def test_the_rl_sweep_passes_its_check_and_a_wrong_statement_fails_it(tmp_path):
     assert rl["TRL bnpo"]["changes_with"] == "dp" and "another direction" in rl["TRL bnpo"]["changes"]
     assert rl["verl token-mean (CP count)"]["changes_with"] == "sp"
     assert rl["verl token-mean"]["vs DAPO (paper)"].startswith("the tokens of long groups more (cos ")
+    for mode, row in rl.items():  # README's table, as measured here
+        measured = {
+            "weighs": row["weighs"],
+            "invariant": "yes" if row["invariant"] == "True" else "no",
+            "changes_with": row["changes_with"],
+        }
+        assert readme_table()[mode] == measured, mode
     report = (sweep / "analysis" / "report.md").read_text()
     assert "## Post-training aggregation" in report and (sweep / "analysis" / "post_training.png").exists()
 

@@ -50,11 +50,15 @@ def trainers_answer(rows: pd.DataFrame) -> str:
     true = trainers["gradient_vs_grad_L"] == "grad L"
     if true.all():
         return f"{QUESTION} Yes, {'it does' if len(trainers) == 1 else f'all {len(trainers)} do'}."
-    others = [
+    said = [
         f"`{row['reduction']}` {row['verdict']}"
         if row["verdict"] in ("failed", "not run", "no reference")
         else f"`{row['reduction']}` gives {row['gradient_vs_grad_L']}"
         for _, row in trainers[~true].iterrows()
+    ]
+    # one clause per distinct finding (a rule run at several layouts often gives the same at each)
+    others = [
+        f"{clause} ({said.count(clause)} runs)" if said.count(clause) > 1 else clause for clause in dict.fromkeys(said)
     ]
     return f"{QUESTION} No, {true.sum()} of {len(trainers)} do; " + "; ".join(others) + "."
 

@@ -117,10 +117,19 @@ def _code(row: pd.Series) -> str:
     return "the runner's own"
 
 
+def judged_elsewhere(runs: pd.DataFrame) -> pd.Series:
+    """Runs with a section of their own, against their own question: post-training modes (objective=pg: against
+    themselves at W=1 and the papers) and known bugs' arms (`known_bug.*`: buggy, fixed, reference)."""
+    post_training = runs.get("objective.name", pd.Series(None, index=runs.index)).eq("pg")
+    bug_keys = [column for column in runs if column.startswith("known_bug.")]
+    bug = runs[bug_keys].notna().any(axis=1) if bug_keys else pd.Series(False, index=runs.index)
+    return post_training | bug
+
+
 def trainers_table(runs: pd.DataFrame, table: pd.DataFrame, comm: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per trainer run and per reference of a group that holds one (empty: the sweep has none);
     `comm` (comm.csv, row for row with `runs`) gives the counted collectives."""
-    trainer = is_trainer(table["reduction"])
+    trainer = is_trainer(table["reduction"]) & ~judged_elsewhere(runs).reindex(table.index, fill_value=False)
     groups = set(table.loc[trainer, "group"])
     chosen = table["group"].isin(groups) & (trainer | (table["verdict"] == "reference"))
     if not chosen.any():

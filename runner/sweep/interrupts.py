@@ -13,6 +13,7 @@ process killed by that signal.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -20,7 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_noted: list[int] = []  # the signals of this process, in order of arrival, once the first has arrived
+_noted: list[int] = []  # the signals of this process, in the order their handlers ran, once the first has arrived
+# CPython runs pending handlers by signal number, not by arrival: when SIGTERM and then SIGINT land during one
+# long C call (an import, under load), SIGINT's handler runs first. The wakeup fd gets each signal's number
+# from the C-level handler as it arrives, so the order of arrival is kept there (`_watch_arrival`).
+_wakeup_read: int | None = None
+_arrival: list[int] = []  # SIGINT and SIGTERM as they arrived, read from the wakeup fd
 _folders: dict[str, Path] = {}  # where this invocation's jobs go: "sweep" or "run" (`note_folder`)
 
 
@@ -62,9 +68,31 @@ def install() -> None:
             signal.signal(signum, _raise)
 
 
+def _watch_arrival() -> None:
+    global _wakeup_read
+    if _wakeup_read is not None or not _in_main_thread():
+        return
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    _wakeup_read = read
+
+
+def _arrived_in_order() -> list[int]:
+    if _wakeup_read is not None:
+        try:
+            while chunk := os.read(_wakeup_read, 512):
+                _arrival.extend(signum for signum in chunk if signum in SIGNALS)
+        except BlockingIOError:
+            pass
+    return _arrival
+
+
 def hold_for_good() -> None:
     """From now on SIGINT and SIGTERM are noted, never raised (the process is stopping)."""
     if _in_main_thread():
+        _watch_arrival()
         for signum in SIGNALS:
             signal.signal(signum, _note)
 
@@ -82,7 +110,8 @@ def block_for_exit() -> int | None:
 
 def first_signal() -> int | None:
     """The first SIGINT or SIGTERM this process received, or None."""
-    return _noted[0] if _noted else None
+    arrived = _arrived_in_order()
+    return arrived[0] if arrived else (_noted[0] if _noted else None)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from runner.config import rank_config
 from runner.record import checkpoints
 from runner.record.config_file import write_config
 from runner.record.summary import read_summary, update_summary
-from runner.sweep import interrupts, rerun
+from runner.sweep import forked, interrupts, rerun
 from runner.sweep.admission import Admitted, Refused, admit
 from runner.sweep.custom_check import custom_fn_facts
 from runner.sweep.identity import identity_changes, run_identity
@@ -113,6 +113,8 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     shortfall = machine_shortfall(cfg, cuda_devices) if env is None else None
     if shortfall:
         return _skip_here(place, job, verdict, shortfall)
+    if env is None:
+        forked.prestart()  # the rank server's imports, while the identity and the folder are settled below
     facts = custom_fn_facts(cfg.custom.fn) if cfg.reduction.value == "custom" else None
     identity = run_identity(cfg, verdict.config_yaml, facts)
     if arrived:  # stopped before anything of this attempt was written

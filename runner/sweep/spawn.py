@@ -1,5 +1,8 @@
 """Start the W rank processes of one job on this machine, watch them, and report how they ended.
 
+Each rank is forked from `runner.world.fork_server` (torch imported once a sweep; `runner.sweep.forked`)
+or, where that server is off or cannot start, started as a fresh `python -m runner.world.worker`.
+
 Every rank's output goes to JOB_DIR/logs/rank<r>.log; rank 0's is also echoed
 to this terminal, with each distinct framework warning shown once per sweep.
 When a rank fails, the others are stopped (they would wait in a collective
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.sweep import interrupts
+from runner.sweep.forked import ForkedRank
+from runner.sweep.forked import start_rank as forked_rank
 from runner.world.env import spawned_rank_environ
 
 _POLL_S = 0.1
@@ -45,18 +50,43 @@ class WorldOutcome:
         return all(code == 0 for code in self.returncodes) and not self.timed_out and not self.interrupted
 
 
+def _show(raw: bytes) -> None:
+    line = raw.decode(errors="replace")
+    if line.startswith("[warning]") or line.startswith("[W"):
+        key = line.split("]", 1)[-1].strip() if line.startswith("[W") else line
+        if key in _shown_warnings:
+            return
+        _shown_warnings.add(key)
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
 def _echo(stream, log_file) -> None:
+    """Rank 0's output, from its pipe into its log file and onto this terminal."""
     for raw in iter(stream.readline, b""):
         log_file.write(raw)
         log_file.flush()
-        line = raw.decode(errors="replace")
-        if line.startswith("[warning]") or line.startswith("[W"):
-            key = line.split("]", 1)[-1].strip() if line.startswith("[W") else line
-            if key in _shown_warnings:
-                continue
-            _shown_warnings.add(key)
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        _show(raw)
+
+
+def _echo_file(path: Path, process: ForkedRank) -> None:
+    """A forked rank 0 writes its log file itself: show each line as it lands there, until the rank ends."""
+    with open(path, "rb") as log:
+        partial = b""
+        while True:
+            ended = process.poll() is not None  # before the read: a line written before the end is still read
+            chunk = log.readline()
+            while chunk:
+                partial += chunk
+                if partial.endswith(b"\n"):
+                    _show(partial)
+                    partial = b""
+                chunk = log.readline()
+            if ended:
+                if partial:
+                    _show(partial + b"\n")
+                return
+            time.sleep(_POLL_S / 2)
 
 
 @contextlib.contextmanager
@@ -131,18 +161,24 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
             environ = spawned_rank_environ(
                 os.environ, rank=rank, world_size=world_size, rendezvous_file=os.path.join(rendezvous_dir, "store")
             )
-            log_file = open(logs / f"rank{rank}.log", "wb")
-            log_files.append(log_file)
+            log_path = logs / f"rank{rank}.log"
+            argv = [str(job_dir), *worker_args, "--spawned-at", spawned_at]
             echo = rank == 0
-            command = [sys.executable, "-m", module, str(job_dir), *worker_args, "--spawned-at", spawned_at]
+            log_path.write_bytes(b"")
             with _sigint_blocked():  # the rank is born with SIGINT blocked: Ctrl-C is the launcher's to act on
-                processes.append(
-                    subprocess.Popen(
-                        command, env=environ, stdout=subprocess.PIPE if echo else log_file, stderr=subprocess.STDOUT
-                    )
-                )
+                forked = forked_rank(module, argv, environ, log_path)
+                if forked is None:
+                    log_file = open(log_path, "wb")
+                    log_files.append(log_file)
+                    command = [sys.executable, "-m", module, *argv]
+                    stdout = subprocess.PIPE if echo else log_file
+                    process = subprocess.Popen(command, env=environ, stdout=stdout, stderr=subprocess.STDOUT)
+                else:
+                    process = forked
+            processes.append(process)
             if echo:
-                echo_thread = threading.Thread(target=_echo, args=(processes[0].stdout, log_file), daemon=True)
+                follow = (_echo, (process.stdout, log_file)) if forked is None else (_echo_file, (log_path, process))
+                echo_thread = threading.Thread(target=follow[0], args=follow[1], daemon=True)
                 echo_thread.start()
         deadline = started + timeout_s
         while arrived or any(p.poll() is None for p in processes):

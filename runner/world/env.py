@@ -14,17 +14,22 @@ A rank comes to life in one of three ways:
   of SLURM_JOB_NODELIST (MASTER_ADDR / MASTER_PORT override it), the port
   derived from the job id so that two jobs on one node do not clash. A SLURM
   job with one task is not a world: the runner spawns its ranks on that node.
+
+RUNNER_FORK_SERVER=0 (read by `fork_server_wanted`) makes the spawner start each rank
+as a fresh interpreter rather than fork it from `runner.world.fork_server`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 RENDEZVOUS_FILE = "RUNNER_RENDEZVOUS_FILE"
+FORK_SERVER = "RUNNER_FORK_SERVER"  # 0: start every rank as a fresh interpreter (runner.world.fork_server)
 # Set by an outer launcher, if any: a world spawned here replaces them all.
 _LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", RENDEZVOUS_FILE)
 
@@ -76,6 +81,12 @@ def _slurm_rank_env(environ: Mapping[str, str]) -> RankEnv | None:
         init_method=f"tcp://{host}:{port}",
         launcher="slurm",
     )
+
+
+def fork_server_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Ranks forked from `runner.world.fork_server` (Linux, unless RUNNER_FORK_SERVER=0)."""
+    environ = os.environ if environ is None else environ
+    return sys.platform.startswith("linux") and environ.get(FORK_SERVER, "1") != "0"
 
 
 def first_host(nodelist: str) -> str:
