@@ -29,7 +29,10 @@ def _timed(command: list[str] | str, cwd: Path, env: dict) -> tuple[float, str]:
 
 def run(quick: bool) -> tuple[str, str, str, str]:
     args = ["ARGS=train.steps=6 wandb.mode=disabled"] if quick else []
-    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    # As make runs the recipe: the Makefile unexports PYTHONDONTWRITEBYTECODE (so that the first import writes
+    # the byte code uv does not), and the commands are run here outside make.
+    dropped = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+    env = {key: value for key, value in os.environ.items() if key not in dropped}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         clone = Path(folder) / "clone"
