@@ -106,9 +106,16 @@ sync: setup
 	@[ -n "$(SWEEP)" ] && [ -d "$(SWEEP)" ] || { echo "sync: no sweep found; give SWEEP=multirun/<date_time>"; exit 2; }
 	@[ -n "$(DRY_RUN)" ] || [ -n "$$WANDB_API_KEY" ] || grep -qs api.wandb.ai ~/.netrc || \
 		{ echo "sync: set WANDB_API_KEY (https://wandb.ai/authorize) or run '$(VENV)/bin/wandb login' first"; exit 2; }
-	@runs="$$(find $(SWEEP) -type d -name 'offline-run-*' | sort)"; \
-	[ -n "$$runs" ] || { echo "sync: no offline W&B runs under $(SWEEP) (were they run with wandb.mode=disabled?)"; exit 2; }; \
-	echo "sync: $$(echo "$$runs" | wc -l) runs from $(SWEEP)"; \
+	@all="$$(find $(SWEEP) -type d -name 'offline-run-*' | sort)"; \
+	[ -n "$$all" ] || { echo "sync: no offline W&B runs under $(SWEEP) (were they run with wandb.mode=disabled?)"; exit 2; }; \
+	runs=""; empty=0; \
+	for run in $$all; do \
+		log="$$(ls $$run/run-*.wandb 2>/dev/null | head -1)"; \
+		if [ -n "$$log" ] && [ "$$(wc -c < "$$log")" -gt 7 ]; then runs="$$runs $$run"; else empty=$$((empty + 1)); fi; \
+	done; \
+	[ $$empty -eq 0 ] || echo "sync: $$empty run folder(s) left out: no run record (an attempt killed before W&B wrote its log: its steps are in metrics.jsonl, and a resumed attempt logs them again)"; \
+	[ -n "$$runs" ] || { echo "sync: no offline W&B run under $(SWEEP) holds a run record"; exit 2; }; \
+	echo "sync: $$(echo $$runs | wc -w) runs from $(SWEEP)"; \
 	$(VENV)/bin/wandb sync $(if $(DRY_RUN),--dry-run) \
 		$(if $(WANDB_PROJECT),--project $(WANDB_PROJECT)) $(if $(WANDB_ENTITY),--entity $(WANDB_ENTITY)) $$runs
 

@@ -316,3 +316,12 @@ def test_make_sync_lists_every_offline_run_and_needs_a_key(sweep, tmp_path):
     runs = sorted(str(p) for job in jobs.values() for p in (job / "wandb").glob("offline-run-*"))
     assert len(runs) == len(jobs) and f"sync: {len(runs)} runs from {sweep_dir}" in dry.stdout
     assert all(Path(run).name in dry.stdout + dry.stderr for run in runs), dry.stdout + dry.stderr
+    # An attempt killed before W&B wrote its log leaves a header-only .wandb file (7 bytes): no run record to
+    # sync, and wandb sync would fail on it; it is left out, and said so.
+    killed = Path(runs[0]).parent / "offline-run-20000101_000000-killedattempt"
+    killed.mkdir()
+    (killed / "run-killedattempt.wandb").write_bytes(Path(next(Path(runs[0]).glob("run-*.wandb"))).read_bytes()[:7])
+    dry = make_sync(sweep_dir, tmp_path, "DRY_RUN=1")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "1 run folder(s) left out: no run record" in dry.stdout
+    assert f"sync: {len(runs)} runs from {sweep_dir}" in dry.stdout and "killedattempt" not in dry.stdout + dry.stderr
