@@ -180,7 +180,7 @@ def _analyze(
     trainers = trainers_table(runs, table, comm)
     if len(trainers):
         trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
-    bugs = bugs_table(runs, table)
+    bugs = bugs_table(runs, table, tol)
     if len(bugs):
         bugs_csv(bugs).to_csv(out / "bugs.csv", index=False)
     answer = opening(runs, table, comm, layout_summary, cost, trainers)

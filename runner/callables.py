@@ -26,7 +26,11 @@ from runner.extras import missing_package_message
 
 EXAMPLE = "runner.trainers.megatron:per_token"  # needs no optional package
 PARAMETERS = "(logits, labels, ctx)"
-HOOK_PARAMETERS = {"start_step": ("(ctx)", 1), "finish_gradients": ("(model, ctx)", 2)}
+HOOK_PARAMETERS = {
+    "start_step": ("(ctx)", 1),
+    "finish_gradients": ("(model, ctx)", 2),
+    "grad_norm": ("(grads, ctx)", 2),
+}
 MOVED = {"examples.reductions": "runner.trainers"}  # where the trainers' rules went (conf/trainer/ names them)
 
 

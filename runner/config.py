@@ -270,6 +270,9 @@ class BugArmConfig:
     fsdp_reduce: FsdpReduce = FsdpReduce.mean
     # What the arm gives against grad L at the bug's layout (custom.expect's forms: a factor, or different).
     expect: str = "grad L"
+    # A bug of the grad norm alone (the update right until clipping binds): the arm's step-1 grad norm against
+    # the reference's, sqrt(k) or k (runner.modes.grad_norm_factor); None: judged on the gradient only.
+    grad_norm: Optional[str] = None
 
 
 @dataclass

@@ -258,6 +258,25 @@ def custom_expectation(expect: str, world_size: int) -> float | str:
     return factor
 
 
+NORM_FACTORS = "a factor k > 0 (e.g. 2 or 1/2) or sqrt(k) (e.g. sqrt(2))"
+
+
+def grad_norm_factor(text: str) -> float:
+    """`known_bug.ARM.grad_norm`: the factor it states on the grad norm against the reference's (sqrt(k) or k).
+
+    Raises ValueError (naming the valid forms, NORM_FACTORS) when it states neither.
+    """
+    given = " ".join(str(text).split()).lower()
+    root = given.startswith("sqrt(") and given.endswith(")")
+    try:
+        factor = float(Fraction(given[5:-1] if root else given))
+    except (ValueError, ZeroDivisionError):
+        factor = float("nan")
+    if not factor > 0:
+        raise ValueError(f"{text!r} is not a grad-norm factor; valid: {NORM_FACTORS}")
+    return factor**0.5 if root else factor
+
+
 # Colours of the labels that are not built-in modes (sum[...], custom:...), handed out in label order.
 # Enough for experiment=trainers' sixteen rules (matplotlib's tab20 and Dark2 less the modes' own colours).
 EXTRA_COLOURS = [

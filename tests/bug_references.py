@@ -51,6 +51,15 @@ ARMS = {
     # verl after: masked sum / the global count x dp_size.
     ("runner.trainers.verl_ga_weights:token_mean", "mean"): (lambda b, r, s, m: b.S(r, s, m) / b.N * b.dp, lambda b: 1),
     ("runner.trainers.packed_rows:row_token_mean", "mean"): (_row_token_mean, lambda b: 1),
+    # VeOmni before and after PR #862: both the step's token mean W S / N (the bug is in the grad norm alone).
+    ("runner.trainers.veomni_grad_norm:norm_over_fsdp_group", "mean"): (
+        lambda b, r, s, m: b.world_size * b.S(r, s, m) / b.N,
+        lambda b: 1,
+    ),
+    ("runner.trainers.veomni_grad_norm:norm_over_shard_group", "mean"): (
+        lambda b, r, s, m: b.world_size * b.S(r, s, m) / b.N,
+        lambda b: 1,
+    ),
 }
 
 

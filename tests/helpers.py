@@ -69,16 +69,16 @@ def step_one_batch(cfg: RunConfig):
     )(1)
 
 
-def step_one_through_parts(cfg: RunConfig, meshes):
+def step_one_through_parts(cfg: RunConfig, meshes, with_reducer: bool = False):
     """On every rank: step 1's forward and backward through the runner's own parts (`build_parts`: the model
-    sharded for the mode or custom.fsdp_reduce, the reducer from the config); returns (StepLoss, parts)."""
+    sharded for the mode or custom.fsdp_reduce, the reducer from the config); returns (StepLoss, parts), and
+    the reducer that ran with `with_reducer` (its `grad_norm()` for the runner's clipping)."""
     import torch
 
     from runner.train.components import build_parts
     from runner.train.reduction import forward_backward
 
     parts = build_parts(cfg, meshes, torch.device("cpu"))
-    step = forward_backward(
-        parts.model, parts.local_share(parts.batches(1)), parts.reducer(cfg.reduction), parts.device
-    )
-    return step, parts
+    reducer = parts.reducer(cfg.reduction)
+    step = forward_backward(parts.model, parts.local_share(parts.batches(1)), reducer, parts.device)
+    return (step, parts, reducer) if with_reducer else (step, parts)

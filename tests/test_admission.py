@@ -78,6 +78,8 @@ STRINGS = [
     ("custom.weighs", "sideways", ["reduction=custom", "custom.fn=builtins:pow"], "custom.weighs=sideways"),
     ("known_bug.buggy.expect", "sideways", [], "known_bug.buggy.expect=sideways"),
     ("known_bug.fixed.expect", "0", [], "known_bug.fixed.expect=0"),
+    ("known_bug.buggy.grad_norm", "sideways", [], "known_bug.buggy.grad_norm=sideways"),
+    ("known_bug.fixed.grad_norm", "'sqrt(-2)'", [], "sqrt(k)"),
     ("known_bug.buggy.fn", "null", ["known_bug.name=x", "known_bug.fixed.fn=a:b"], "needs known_bug.buggy.fn"),
     ("known_bug.fixed.fn", "null", ["known_bug.name=x", "known_bug.buggy.fn=a:b"], "needs known_bug.fixed.fn"),
     ("fault.kind", "explode", [], "fault.kind=explode"),

@@ -3,7 +3,10 @@ arm), run as the bug's config runs them in a gloo world at the bug's layout, ste
 reference of the arm's formula (tests/bug_references.py), generated over conf/bug/.
 
 And the bug shows there: the fixed arm's gradient is grad L (the gradient of the step's token-mean loss), the
-buggy arm's is the stated factor times it, or (stated `different`) another direction.
+buggy arm's is the stated factor times it, or (stated `different`) another direction. A bug of the grad norm
+alone (`known_bug.buggy.grad_norm`): the buggy arm's gradient is grad L itself, its grad norm (the one the runner
+logs and clips with: the rule's `grad_norm` hook) the stated factor times ||grad L||, and its clipping factor
+(optim.clip binds) that factor smaller. Every other arm's grad norm is its own gradient's norm.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from trainer_references import Blocks, token_losses
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
 from runner.model.registry import build_model
-from runner.modes import custom_expectation
+from runner.modes import custom_expectation, grad_norm_factor
+from runner.train.gradients import clip_gradients
 
 BUGS = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf" / "bug").glob("*.yaml"))
 SMALL = dict(train__seq_len=64, train__global_batch=16, seed=3)
@@ -44,6 +48,7 @@ def arm_config(name: str, arm: str):
         data__packing=data.get("packing", False),
         custom__fn=bug.known_bug[arm].fn,
         custom__fsdp_reduce=bug.known_bug[arm].fsdp_reduce,
+        **{f"optim__{key}": value for key, value in bug.get("optim", {}).items()},
         **SMALL,
     )
 
@@ -53,12 +58,17 @@ def layout_of(cfg) -> ParallelLayout:
 
 
 def arm_gradients(name: str) -> dict:
-    """On every rank: step 1 of both arms; rank 0's full gradient per arm."""
+    """On every rank: step 1 of both arms; rank 0's full gradient per arm, and its (grad norm, clip factor) as
+    the runner takes them (the rule's `grad_norm` hook where it has one) with the bug's optim.clip."""
     meshes = build_meshes(layout_of(arm_config(name, "buggy")), "cpu")
     out = {}
     for arm in ("buggy", "fixed"):
-        _, parts = step_one_through_parts(arm_config(name, arm), meshes)
-        out[arm] = {n: p.grad.full_tensor() for n, p in parts.model.named_parameters()}
+        cfg = arm_config(name, arm)
+        _, parts, reducer = step_one_through_parts(cfg, meshes, with_reducer=True)
+        out[arm] = {
+            n: p.grad.full_tensor().clone() for n, p in parts.model.named_parameters()
+        }  # clipping scales in place
+        out[f"{arm} norm"] = clip_gradients(parts.model, cfg.optim.clip, reducer.grad_norm())
     return out
 
 
@@ -109,6 +119,17 @@ def test_each_arm_gives_its_formula_and_the_bug_shows(name):
     true = flat(reference(name, None))
     buggy, fixed = flat(got["buggy"]), flat(got["fixed"])
     torch.testing.assert_close(fixed, true, rtol=1e-4, atol=1e-6)  # the fix: grad L
+    norm_factor = bug_file(name).known_bug.buggy.get("grad_norm")
+    (buggy_norm, buggy_clip), (fixed_norm, fixed_clip) = got["buggy norm"], got["fixed norm"]
+    assert fixed_norm == pytest.approx(true.norm().item(), rel=1e-4)  # the fix logs ||grad L||
+    if norm_factor is not None:  # the grad norm alone: the gradient is grad L, its norm k ||grad L||
+        torch.testing.assert_close(buggy, true, rtol=1e-4, atol=1e-6)
+        factor = grad_norm_factor(norm_factor)
+        assert factor != pytest.approx(1.0)
+        assert buggy_norm == pytest.approx(factor * true.norm().item(), rel=1e-4)
+        assert fixed_clip < 1 and buggy_clip == pytest.approx(fixed_clip / factor, rel=1e-4)  # clipping binds
+        return
+    assert buggy_norm == pytest.approx(buggy.norm().item(), rel=1e-4)  # a gradient bug: the norm is its own
     stated = custom_expectation(bug_file(name).known_bug.buggy.expect, cfg.world_size)
     cosine = torch.nn.functional.cosine_similarity(buggy, true, dim=0).item()
     if stated == "different":

@@ -79,3 +79,49 @@ def test_a_sweep_without_known_bugs_has_no_such_section(tmp_path):
     _, result = analysed(tmp_path, [SyntheticRun("sum"), SyntheticRun("local", factor=0.5)])
     assert result.bugs.empty and "## Known bugs" not in (tmp_path / "out" / "report.md").read_text()
     assert not (tmp_path / "out" / "bugs.csv").exists()
+
+
+def norm_bug(name: str, **kwargs) -> list:
+    """A grad-norm bug's arms: the gradient grad L, the buggy arm's logged norm sqrt(2) x, its loss departing from
+    step 2 (clipping binds) unless overridden."""
+    given = dict(expect="different", grad_norm="sqrt(2)", buggy_norm_factor=2**0.5, buggy_departs_from=2)
+    return known_bug_runs(name, **{**given, **kwargs})
+
+
+def test_a_grad_norm_bug_is_judged_on_its_norm_with_the_gradient_the_reference(tmp_path, capsys):
+    runs = norm_bug("norm") + norm_bug("unclipped", expect="grad L", buggy_departs_from=None)
+    sweep, result = analysed(tmp_path, runs)
+    bugs = result.bugs.set_index("bug")
+    assert list(bugs["result"]) == ["reproduced"] * 2
+    assert bugs.loc["norm", "buggy_vs_reference"].startswith(
+        "step-1 gradient ×1 (cosine 1.000000), grad norm ×1.41421 (stated sqrt(2)); update departs: same step-1"
+    )
+    assert bugs.loc["norm", "why"].endswith("grad norm ×1.41421, as stated; the clipped update departs")
+    assert bugs.loc["unclipped", "buggy_vs_reference"].endswith("(stated sqrt(2)); loss curves match")
+    assert bugs.loc["norm", "buggy_vs_fixed"] == "scale ×1, grad norm ×1.414"
+    csv = pd.read_csv(tmp_path / "out" / "bugs.csv").set_index("bug")
+    assert csv.loc["norm", "expected"] == "different; grad norm ×sqrt(2)"
+    assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 0
+    assert "all 2 known bugs reproduced" in capsys.readouterr().out
+
+
+NORM_CASES = {
+    # name: (norm_bug arguments, the reason's words)
+    "norm_right": (dict(buggy_norm_factor=1.0), "grad norm is ×1 the reference's: the bug does not show"),
+    "norm_other": (dict(buggy_norm_factor=2.0), "grad norm is ×2 the reference's: not the stated sqrt(2)"),
+    "gradient_scaled": (dict(buggy_factor=0.5, buggy_norm_factor=2.0), "step-1 gradient is not the reference's"),
+    "gradient_turned": (dict(buggy_turn=0.3), "step-1 gradient is not the reference's"),
+    "clip_not_binding": (dict(buggy_departs_from=None), "update is not as stated (different)"),
+}
+
+
+@pytest.mark.parametrize("case", list(NORM_CASES))
+def test_a_grad_norm_bug_with_the_wrong_norm_or_a_changed_gradient_is_not_reproduced(tmp_path, capsys, case):
+    kwargs, reason = NORM_CASES[case]
+    sweep, result = analysed(tmp_path, norm_bug("fine") + norm_bug(case, **kwargs))
+    bugs = result.bugs.set_index("bug")
+    assert bugs.loc["fine", "result"] == "reproduced"
+    assert bugs.loc[case, "result"] == "not reproduced"
+    assert reason in bugs.loc[case, "why"], bugs.loc[case, "why"]
+    assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 1
+    assert "check FAILED: 1 of 2 known bug(s) not reproduced:" in capsys.readouterr().out

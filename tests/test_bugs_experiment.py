@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runner.config import register_configs, run_config_from
+from runner.modes import grad_norm_factor
 from runner.sweep.validate import config_problems
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -41,6 +42,8 @@ def test_every_bug_and_arm_is_a_job_at_the_bugs_layout_and_every_job_is_admitted
             assert layout == (stated.world_size, stated.sp, stated.grad_accum, stated.get("dp_replicate", 1)), bug
             assert cfg.data.valid_tokens.value == stated.get("data", {}).get("valid_tokens", "full")
             assert cfg.known_bug.name == stated.known_bug.name and cfg.train.steps == 3
+            for key, value in stated.get("optim", {}).items():  # every arm trains as the bug states (a clip that binds)
+                assert OmegaConf.select(OmegaConf.structured(cfg), f"optim.{key}") == value, (bug, arm, key)
             if arm == "reference":
                 assert cfg.reduction.value == "sum" and cfg.custom.fn is None
             else:
@@ -71,3 +74,16 @@ def test_the_bugs_experiment_runs_and_check_finds_every_bug_reproduced(tmp_path)
     assert checked.returncode == 0, out
     assert f"check: all {len(BUGS)} known bugs reproduced, each fix equivalent to the reference" in out
     assert (tmp_path / "bugs" / "analysis" / "bugs.csv").read_text().count(",reproduced,") == len(BUGS)
+
+
+@pytest.mark.parametrize(
+    "given, valid", [("sqrt(2)", 2**0.5), ("2", 2.0), ("1/2", 0.5), ("sqrt(x)", None), ("0", None), ("twice", None)]
+)
+def test_a_grad_norm_factor_is_sqrt_k_or_k_and_anything_else_is_refused_naming_the_field(given, valid):
+    cfg = run_config_from(composed(["bug=grad_norm_wrong_group", f"known_bug.buggy.grad_norm='{given}'"]))
+    problems = dict(config_problems(cfg, sweeping=False))
+    if valid is not None:
+        assert grad_norm_factor(given) == pytest.approx(valid) and "known_bug.buggy.grad_norm" not in problems
+    else:
+        message = problems["known_bug.buggy.grad_norm"]
+        assert f"known_bug.buggy.grad_norm={given}" in message and "sqrt(k)" in message

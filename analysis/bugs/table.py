@@ -13,6 +13,11 @@ verdicts (each arm against the group's baseline, step 1's gradient sketch):
   another direction) and the fixed arm gives grad L. Anything else is "not reproduced", with the reason:
   an arm missing, failed or never run, the bug not showing at this layout (the buggy arm gives grad L),
   another factor than stated, or a fix that is not equivalent to the reference.
+- a bug of the grad norm alone (`known_bug.buggy.grad_norm` states its factor, sqrt(k) or k) is judged on the
+  norm: reproduced when the buggy arm's step-1 gradient is the reference's (sketch scale 1 and cosine 1, to
+  `scale_rtol` and `cos_tol`), its step-1 grad norm the stated factor times the reference's (to `scale_rtol`),
+  and its verdict as `expect` states: `different` where optim.clip binds (the clipped update departs from
+  step 2), grad L where it does not.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.gradients.expected import SAME
+from analysis.gradients.tolerances import Tolerances
 from analysis.gradients.verdicts import factor_label
-from runner.modes import CUSTOM
+from runner.modes import CUSTOM, grad_norm_factor
 
 COLUMNS = {
     "bug": "bug",
@@ -63,6 +69,32 @@ def _against(row: pd.Series | None) -> str:
     return f"{verdict}: {row['reason']}"
 
 
+def _norm_against(row: pd.Series | None, stated: str) -> str:
+    """A grad-norm bug's arm against the reference, in words: its step-1 gradient, its grad norm, its update."""
+    if row is None or row["verdict"] not in SAME | {"rescaled", "different"}:
+        return _against(row)
+    update = "loss curves match" if row["verdict"] in SAME else f"update departs: {row['reason']}"
+    return (
+        f"step-1 gradient ×{row['factor']:.6g} (cosine {row['sketch_cos_step1']:.6f}), "
+        f"grad norm ×{row['grad_norm_ratio_step1']:.6g} (stated {stated}); {update}"
+    )
+
+
+def _judge_norm(buggy: pd.Series, stated: str, tol: Tolerances) -> tuple[str, str]:
+    """A grad-norm bug's buggy arm (both arms ran, the fix is grad L): ("reproduced" or "not reproduced", why)."""
+    factor = grad_norm_factor(stated)
+    scale, cosine, norm = buggy["factor"], buggy["sketch_cos_step1"], buggy["grad_norm_ratio_step1"]
+    if not (abs(scale - 1) <= tol.scale_rtol and abs(1 - cosine) <= tol.cos_tol):
+        return "not reproduced", f"the buggy arm's step-1 gradient is not the reference's: {_against(buggy)}"
+    if abs(norm / factor - 1) > tol.scale_rtol:
+        shown = "the bug does not show" if abs(norm - 1) <= tol.scale_rtol else f"not the stated {stated}"
+        return "not reproduced", f"the buggy arm's grad norm is ×{norm:.6g} the reference's: {shown}"
+    if not bool(buggy["as_expected"]):
+        return "not reproduced", f"the buggy arm's update is not as stated ({buggy['expected']}): {buggy['reason']}"
+    clipped = "; the clipped update departs" if buggy["verdict"] == "different" else ""
+    return "reproduced", f"the buggy arm's gradient is grad L and its grad norm ×{norm:.6g}, as stated{clipped}"
+
+
 def _ratio(buggy: pd.Series | None, fixed: pd.Series | None) -> str:
     """The buggy arm's step-1 gradient scale and grad norm over the fixed arm's."""
     if buggy is None or fixed is None or buggy["verdict"] not in SAME | {"rescaled", "different"}:
@@ -74,8 +106,10 @@ def _ratio(buggy: pd.Series | None, fixed: pd.Series | None) -> str:
     return f"scale ×{factor_label(scale)}, grad norm ×{norm:.4g}"
 
 
-def _judge(buggy: pd.Series | None, fixed: pd.Series | None, expect: str) -> tuple[str, str]:
-    """("reproduced" or "not reproduced", why)."""
+def _judge(
+    buggy: pd.Series | None, fixed: pd.Series | None, expect: str, norm: str | None, tol: Tolerances
+) -> tuple[str, str]:
+    """("reproduced" or "not reproduced", why); `norm`: the grad-norm factor a grad-norm bug states."""
     for arm, row in (("buggy", buggy), ("fixed", fixed)):
         if row is None:
             return "not reproduced", f"no {arm} arm among the runs"
@@ -83,6 +117,8 @@ def _judge(buggy: pd.Series | None, fixed: pd.Series | None, expect: str) -> tup
             return "not reproduced", f"the {arm} arm {row['verdict']}: {row['reason']}"
     if fixed["verdict"] not in SAME:
         return "not reproduced", f"the fix is not equivalent to the reference: it gives {_against(fixed)}"
+    if norm is not None:
+        return _judge_norm(buggy, norm, tol)
     if buggy["verdict"] in SAME:
         return "not reproduced", "the buggy arm gives grad L at this layout: the bug does not show"
     if not bool(buggy["as_expected"]):
@@ -106,7 +142,15 @@ def _launched(run: pd.Series) -> tuple:
     return (str(run.get("sweep", "")), int(number) if number.isdigit() else -1, str(run.get("job", "")))
 
 
-def bugs_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+def _stated_norm(bug: pd.DataFrame) -> str | None:
+    """The grad-norm factor the bug states (`known_bug.buggy.grad_norm`), None for a bug of the gradient."""
+    if "known_bug.buggy.grad_norm" not in bug:
+        return None
+    stated = bug["known_bug.buggy.grad_norm"].iloc[0]
+    return None if pd.isna(stated) or stated in ("", "None") else str(stated)
+
+
+def bugs_table(runs: pd.DataFrame, table: pd.DataFrame, tol: Tolerances = Tolerances()) -> pd.DataFrame:
     """One row per known bug in the sweep (empty: none)."""
     if "known_bug.name" not in runs or not runs["known_bug.name"].notna().any():
         return pd.DataFrame(columns=["run_buggy", "run_fixed", *COLUMNS, "expected"])
@@ -116,8 +160,8 @@ def bugs_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     for name, bug in measured[measured["known_bug.name"].notna()].groupby("known_bug.name", sort=False):
         arms = {arm: bug[_arm_of(bug, arm)] for arm in ARMS}
         buggy, fixed = (arms[arm].iloc[0] if len(arms[arm]) else None for arm in ARMS)
-        expect = str(bug["known_bug.buggy.expect"].iloc[0])
-        result, why = _judge(buggy, fixed, expect)
+        expect, norm = str(bug["known_bug.buggy.expect"].iloc[0]), _stated_norm(bug)
+        result, why = _judge(buggy, fixed, expect, norm, tol)
         first = bug.iloc[0]
         rows.append(
             {
@@ -127,8 +171,8 @@ def bugs_table(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
                 "reference": first["known_bug.reference"],
                 "layout": _layout(first),
                 "signature": first["known_bug.signature"],
-                "expected": expect,
-                "buggy_vs_reference": _against(buggy),
+                "expected": expect if norm is None else f"{expect}; grad norm ×{norm}",
+                "buggy_vs_reference": _against(buggy) if norm is None else _norm_against(buggy, norm),
                 "buggy_vs_fixed": _ratio(buggy, fixed),
                 "fixed_vs_reference": _against(fixed),
                 "result": result,

@@ -1,6 +1,9 @@
-"""The report's "Known bugs" section (the known-bugs table, `analysis.bugs.table`) and its answer."""
+"""The report's "Known bugs" section (the known-bugs table, `analysis.bugs.table`) and its answer; the README's
+compact form of a run's bugs.csv (`python -m analysis.report.bugs OUT/bugs.csv` prints it)."""
 
 from __future__ import annotations
+
+import sys
 
 import pandas as pd
 
@@ -40,3 +43,23 @@ def bugs_section(rows: pd.DataFrame | None) -> list[str]:
         "bugs.csv.",
         "",
     ]
+
+
+# The README's columns: bugs.csv's name -> the README's.
+README_COLUMNS = {
+    "bug": "bug",
+    "reference": "reference",
+    "layout": "layout",
+    "reported signature": "signature",
+    "buggy vs reference": "measured (buggy vs reference)",
+    "result": "result",
+}
+
+
+def readme_table(csv: pd.DataFrame) -> str:
+    """The README's "Known bugs" table from a run's bugs.csv: one row per bug, its measured buggy arm and result."""
+    return csv[list(README_COLUMNS)].rename(columns=README_COLUMNS).to_markdown(index=False, tablefmt="github")
+
+
+if __name__ == "__main__":
+    print(readme_table(pd.read_csv(sys.argv[1])))

@@ -40,6 +40,7 @@ class SyntheticRun:
     seed: int = 0
     steps: int = 60
     factor: float = 1.0  # the gradient (sketch and grad norm) is k times the true one
+    norm_factor: float = 1.0  # the logged grad norm alone is this many times the gradient's (a grad-norm bug)
     turn: float = 0.0  # angle (radians) by which the gradient direction is turned
     loss_shift_from: int | None = None  # from this step on, the loss is higher by loss_shift per step
     loss_shift: float = 0.01
@@ -136,7 +137,7 @@ def _records(run: SyntheticRun) -> list[dict]:
         later = np.arange(1, run.steps + 1) >= run.loss_shift_from
         loss[later] += run.loss_shift * (np.arange(1, run.steps + 1)[later] - run.loss_shift_from + 1)
     sketch = run.factor * _turned(true["sketch"], run.turn, run.seed)
-    grad_norm = np.linalg.norm(sketch, axis=1) / 2
+    grad_norm = run.norm_factor * np.linalg.norm(sketch, axis=1) / 2
     logged = run.fail_after if run.status == "failed" and run.fail_after is not None else run.steps
     if run.status == "invalid":
         logged = 0
@@ -327,9 +328,14 @@ def known_bug_runs(
     fixed_factor: float = 1.0,
     buggy_status: str = "completed",
     steps: int = 3,
+    grad_norm: str | None = None,
+    buggy_norm_factor: float = 1.0,
+    buggy_departs_from: int | None = None,
 ) -> list[SyntheticRun]:
     """A known bug's three arms as `-m bug=NAME` leaves them (conf/bug/): the reference `sum`, the buggy arm (its
-    gradient k times grad L and/or turned) and the fixed arm (k times grad L), sharing the bug's `known_bug.*`."""
+    gradient k times grad L and/or turned) and the fixed arm (k times grad L), sharing the bug's `known_bug.*`.
+    A grad-norm bug states `grad_norm` (known_bug.buggy.grad_norm); its buggy arm logs `buggy_norm_factor` x its
+    gradient's norm and its loss departs from step `buggy_departs_from` (clipping that binds)."""
     bug = {
         "known_bug.name": name,
         "known_bug.reference": f"example/{name} #1",
@@ -338,6 +344,7 @@ def known_bug_runs(
         "known_bug.buggy.expect": expect,
         "known_bug.fixed.fn": f"bugs.{name}:fixed",
         "known_bug.fixed.fsdp_reduce": "sum",
+        **({"known_bug.buggy.grad_norm": grad_norm} if grad_norm is not None else {}),
     }
 
     def arm(which: str, fsdp: str, arm_expect: str) -> dict:
@@ -357,6 +364,8 @@ def known_bug_runs(
             turn=buggy_turn,
             status=buggy_status,
             fail_after=1 if buggy_status == "failed" else None,
+            norm_factor=buggy_norm_factor,
+            loss_shift_from=buggy_departs_from,
             overrides=arm("buggy", "mean", expect),
             **common,
         ),

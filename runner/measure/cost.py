@@ -101,7 +101,12 @@ def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
         dist.all_reduce(world_elapsed, op=dist.ReduceOp.MAX, group=group)  # each arm's world time
         set_gradient_reduction(model, facts(cfg.reduction).fsdp_reduction)
         _put_gradients(model, kept)
-        grad_norm, clip_coef = optimizer_step(model, parts.optimizer, cfg.optim.clip)
+        grad_norm, clip_coef = optimizer_step(
+            model,
+            parts.optimizer,
+            cfg.optim.clip,
+            reducers[cfg.reduction].grad_norm() if cfg.reduction in reducers else None,
+        )
 
         result.steps_done, result.final_loss = step, trained_loss.loss
         record = {

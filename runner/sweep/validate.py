@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from runner.config import FAULT_KINDS, RunConfig
 from runner.data.corpus import CorpusError, corpus_problem, tokenizer_vocab_size
 from runner.layout import ParallelLayout
-from runner.modes import custom_expectation
+from runner.modes import custom_expectation, grad_norm_factor
 from runner.ranges import range_problems, unoptional, value_at
 from runner.record.wandb_run import has_wandb_credentials
 from runner.sweep.custom_check import custom_fn_problem
@@ -261,6 +261,11 @@ def known_bug_problems(cfg: DictConfig) -> Problems:
             custom_expectation(given.expect, cfg.world_size)
         except ValueError as error:
             found.append((f"known_bug.{arm}.expect", f"known_bug.{arm}.expect={given.expect}: {error}"))
+        if given.get("grad_norm") is not None:
+            try:
+                grad_norm_factor(given.grad_norm)
+            except ValueError as error:
+                found.append((f"known_bug.{arm}.grad_norm", f"known_bug.{arm}.grad_norm={given.grad_norm}: {error}"))
     return found
 
 

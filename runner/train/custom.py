@@ -6,7 +6,8 @@ Per step, on every rank: N is all-reduced once (the runner's, before the first
 micro-batch); the rule's `start_step` hook, if any; the rule on each micro-batch
 shard, each loss backpropagated as returned (FSDP then reduces the gradients with
 `custom.fsdp_reduce`); the rule's `finish_gradients` hook, if any, before
-clipping and the optimizer; one all-reduce that carries the runner's L and the
+clipping and the optimizer; the rule's `grad_norm` hook, if any, in place of the runner's norm (logged and
+clipped with); one all-reduce that carries the runner's L and the
 rule's logged values.
 
 What the runner records, whatever the rule does: `loss` = L = sum S_rsm / N
@@ -65,6 +66,7 @@ class CustomReducer(LossReducer):
         self.rank = dist.get_rank(self.group)
         self.start_hook = getattr(fn, "start_step", None)
         self.finish_hook = getattr(fn, "finish_gradients", None)
+        self.norm_hook = getattr(fn, "grad_norm", None)
 
     def start_step(self, valid_tokens: torch.Tensor) -> None:
         super().start_step(valid_tokens)
@@ -123,6 +125,11 @@ class CustomReducer(LossReducer):
     def finish_gradients(self, model: torch.nn.Module) -> None:
         if self.finish_hook is not None:
             self._call("its finish_gradients hook", self.finish_hook, model, self.context)
+
+    def grad_norm(self) -> Callable[[list[torch.Tensor]], torch.Tensor] | None:
+        if self.norm_hook is None:
+            return None
+        return lambda grads: self._call("its grad_norm hook", self.norm_hook, grads, self.context)
 
     def finish_step(self) -> StepLoss:
         # One collective per step carries L and the logged values, as `local`'s carries L.

@@ -22,6 +22,12 @@ The rule may carry attributes (set them with `custom_rule`, or by hand):
 - `finish_gradients(model, ctx: StepContext)`: once per step, after the last
   backward (FSDP has reduced the gradients) and before clipping and the
   optimizer: Megatron-LM's `finalize_model_grads` scales them by 1/num_tokens here.
+- `grad_norm(grads, ctx: StepContext) -> norm`: once per step, after
+  `finish_gradients`, with this rank's gradients (FSDP's DTensors): the global
+  norm as the trainer computes it (a 0-dim tensor, the same on every rank),
+  which the runner then logs as `grad_norm` and clips with (`optim.clip`)
+  instead of its own (`runner.train.gradients`): a trainer's own reduction of
+  the squared norms, over the process group it chose.
 - `graph_all_reduce`: the differentiable all-reduce the rule puts in the graph,
   an `AutogradAllReduce` value, or "configured" for `ctx.all_reduce` (which uses
   `autograd_all_reduce`); the runner measures its backward once at the start.
@@ -53,7 +59,7 @@ from runner.modes import AutogradAllReduce
 from runner.train.all_reduce import differentiable_all_reduce
 
 CONFIGURED = "configured"  # graph_all_reduce: the rule uses ctx.all_reduce, i.e. `autograd_all_reduce`
-HOOKS = ("start_step", "finish_gradients")
+HOOKS = ("start_step", "finish_gradients", "grad_norm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +157,7 @@ class Paper:
         return {"paper": self.citation, "where": self.where}
 
 
-def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, graph_all_reduce=None):
+def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, grad_norm=None, graph_all_reduce=None):
     """Decorate a rule fn(logits, labels, ctx) with its hooks and facts (module docstring)."""
     if graph_all_reduce is not None and graph_all_reduce != CONFIGURED:
         graph_all_reduce = AutogradAllReduce(graph_all_reduce)
@@ -160,6 +166,7 @@ def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, graph_al
         fn.upstream = tuple(upstream)
         fn.start_step = start_step
         fn.finish_gradients = finish_gradients
+        fn.grad_norm = grad_norm
         fn.graph_all_reduce = graph_all_reduce
         return fn
 

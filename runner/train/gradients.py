@@ -19,11 +19,14 @@ projections of it: the others contribute nothing.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+NormFn = Callable[[list[torch.Tensor]], torch.Tensor]  # this rank's gradients -> the global norm (0-dim)
 
 
 def _full(value: torch.Tensor) -> torch.Tensor:
@@ -34,16 +37,17 @@ def _local(value: torch.Tensor) -> torch.Tensor:
     return value.to_local() if isinstance(value, DTensor) else value
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> tuple[float, float]:
+def clip_gradients(model: nn.Module, max_norm: float, norm: NormFn | None = None) -> tuple[float, float]:
     """(global grad norm before clipping, factor applied); max_norm <= 0 only measures.
 
-    The norm: each rank's shard norms combined by DTensor into one all-reduce.
+    The norm: each rank's shard norms combined by DTensor into one all-reduce, or `norm(grads)` where a
+    trainer computes its own (a custom rule's `grad_norm` hook), logged and clipped with as it is.
     The factor is `clip_grads_with_norm_`'s, min(1, max_norm / (norm + 1e-6)) in
     the norm's dtype, applied to each rank's local shards: the same bits,
     without a DTensor dispatch per parameter.
     """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total_norm = _full(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+    total_norm = _full(torch.nn.utils.get_total_norm(grads, norm_type=2.0) if norm is None else norm(grads))
     if max_norm <= 0:
         return total_norm.item(), 1.0
     clip_coef = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)

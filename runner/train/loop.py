@@ -72,7 +72,9 @@ class Trainer:
         fault.after_backward(cfg.fault, parts.rank, step, parts.model)
         sketch = self.sketch.partial_sums() if self.sketch is not None else None  # measurement: not timed, not counted
         with meter.phase("optimizer"):
-            grad_norm, clip_coef = optimizer_step(parts.model, parts.optimizer, cfg.optim.clip)
+            grad_norm, clip_coef = optimizer_step(
+                parts.model, parts.optimizer, cfg.optim.clip, self.reducer.grad_norm()
+            )
 
         record = self._record(step, batch, step_loss, grad_norm, clip_coef, lr)
         self._hold(record, sketch)

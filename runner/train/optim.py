@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from runner.config import OptimConfig
-from runner.train.gradients import clip_gradients
+from runner.train.gradients import NormFn, clip_gradients
 
 
 def build_optimizer(parameters, cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -33,9 +33,12 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip: float) -> tuple[float, float]:
-    """Clip to the global grad norm, step, zero the gradients: (the norm before clipping, the factor applied)."""
-    grad_norm, clip_coef = clip_gradients(model, clip)
+def optimizer_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip: float, norm: NormFn | None = None
+) -> tuple[float, float]:
+    """Clip to the global grad norm (the runner's, or `norm`: a trainer's own), step, zero the gradients: (the
+    norm before clipping, the factor applied)."""
+    grad_norm, clip_coef = clip_gradients(model, clip, norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, clip_coef

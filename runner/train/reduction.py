@@ -46,6 +46,7 @@ print: L for all but `mean_of_means`, which reports
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -142,6 +143,11 @@ class LossReducer:
     def finish_gradients(self, model: torch.nn.Module) -> None:
         """After the last backward (FSDP has reduced the gradients), before clipping and the optimizer: the
         runner's modes leave the gradients as they are (a custom rule's hook may not: `runner.train.custom`)."""
+
+    def grad_norm(self) -> Callable[[list[torch.Tensor]], torch.Tensor] | None:
+        """The step's global grad norm as a trainer computes it, or None for the runner's own (DTensor's): the
+        runner's modes have none (a custom rule's `grad_norm` hook: `runner.train.custom`)."""
+        return None
 
     def finish_step(self) -> StepLoss:
         if self.mode in (Reduction.sum, Reduction.detached):

@@ -15,7 +15,8 @@ from runner.train.custom_rule import Source, custom_rule
 
 BEFORE = Source(
     "unslothai/unsloth",
-    "before the fix of unsloth #1216",
+    "no commit pinned: unsloth #1216's pre-fix code was not found here, and Liger-Kernel #329 is a feature request "
+    "(closed) whose example, not a diff, gives the weights",
     ("the fused cross-entropy's token mean per packed row (as reported in unsloth #1216 and Liger-Kernel #329)",),
 )
 

@@ -23,15 +23,27 @@ from runner.train.custom_rule import Package, Source, custom_rule
 from runner.trainers.hf_trainer import _model_loss, _trainer_loss, num_items_in_batch
 
 TRANSFORMERS = Package("transformers", calls=("transformers.loss.loss_utils.ForCausalLMLoss",))
+# The pre-fix commits are not pinned: the repository's history was not available to this project (its snapshot
+# is too large to fetch). What is pinned is where the fix stands in the installed release (transformers 5.25.0):
+# the rule takes those lines out.
 BEFORE_35207 = Source(
     "huggingface/transformers",
-    "the parent of PR #35207's merge",
-    ("src/transformers/trainer.py: Trainer.training_step (the division by gradient_accumulation_steps)",),
+    "the parent of PR #35207's merge (commit not pinned here)",
+    (
+        "src/transformers/trainer.py: Trainer.training_step (the division by gradient_accumulation_steps when "
+        "num_items_in_batch is None)",
+        "the fix as installed: transformers 5.25.0 src/transformers/trainer.py L2147-2155 (loss_is_scaled_for_ga "
+        "needs model_accepts_loss_kwargs as well as num_items_in_batch)",
+    ),
 )
 BEFORE_46775 = Source(
     "huggingface/transformers",
-    "the parent of PR #46775's merge",
-    ("src/transformers/trainer.py: Trainer._get_num_items_in_batch (no division by the non-data-parallel size)",),
+    "the parent of PR #46775's merge (commit not pinned here)",
+    (
+        "src/transformers/trainer.py: Trainer._get_num_items_in_batch (no division by the non-data-parallel size)",
+        "the fix as installed: transformers 5.25.0 src/transformers/trainer.py L2399-2402 (num_items_in_batch / "
+        "(tp_size * cp_size * sp_size))",
+    ),
 )
 
 

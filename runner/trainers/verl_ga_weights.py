@@ -22,18 +22,21 @@ from runner.train.custom_rule import Source, custom_rule
 
 BEFORE = Source(
     "volcengine/verl",
-    "before the fix of verl #5625",
+    "b178a3cd56f58b2d502255daba591e92833930a7 (2026-01-29; verl #5625, filed 2026-03-16, reports this code)",
     (
-        "verl/trainer/ppo/core_algos.py: agg_loss (token-mean over the micro-batch's own tokens)",
-        "verl/workers/actor/dp_actor.py: update_policy (loss x micro-batch size / mini-batch size)",
+        "verl/trainer/ppo/core_algos.py L1025, L1055-1058: agg_loss token-mean, batch_num_tokens = loss_mask.sum() "
+        "(the micro-batch's own tokens) when none is given",
+        "verl/workers/actor/dp_actor.py L575-578, L654-656: update_policy, loss_scale_factor = micro-batch size / "
+        "ppo_mini_batch_size (or 1 / gradient_accumulation), loss = policy_loss * loss_scale_factor",
     ),
 )
 AFTER = Source(
     "volcengine/verl",
-    "v0.9.1",
+    "b178a3cd56f58b2d502255daba591e92833930a7 (the new engine's path; the legacy actor's fix, PR #5641, was closed "
+    "unmerged: no fix commit to pin)",
     (
-        "verl/trainer/ppo/core_algos.py: agg_loss(token-mean: masked sum / batch_num_tokens x dp_size)",
-        "verl/workers/actor/dp_actor.py: update_policy (batch_num_tokens all-reduced over dp)",
+        "verl/trainer/ppo/core_algos.py L1055-1058: agg_loss token-mean, masked sum / batch_num_tokens x dp_size",
+        "verl/workers/engine/fsdp/transformer_impl.py L489-493: batch_num_tokens all-reduced over the dp group",
     ),
 )
 
