@@ -147,3 +147,16 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_launcher_that_needs_no_rank_leaves_no_server_and_no_traceback(tmp_path):
+    # a job skipped (completed earlier) after the server was started: the launcher ends while the server imports
+    script = "import os\nfrom runner.sweep import forked\nprint(forked.prestart()._process.pid, flush=True)\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    server_pid = int(done.stdout.split()[0])
+    deadline = time.time() + 60
+    while running(server_pid) and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # whatever it would print on its way out
+    assert not running(server_pid)
+    assert "Traceback" not in done.stderr, done.stderr

@@ -113,8 +113,6 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     shortfall = machine_shortfall(cfg, cuda_devices) if env is None else None
     if shortfall:
         return _skip_here(place, job, verdict, shortfall)
-    if env is None:
-        forked.prestart()  # the rank server's imports, while the identity and the folder are settled below
     facts = custom_fn_facts(cfg.custom.fn) if cfg.reduction.value == "custom" else None
     identity = run_identity(cfg, verdict.config_yaml, facts)
     if arrived:  # stopped before anything of this attempt was written
@@ -125,6 +123,8 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
         log.info(f"{place.tag} {job.name}: skipped, completed earlier in {place.job_dir}")
         record_outcome(place.job_dir, "skipped", skip_reason="completed earlier with the same identity")
         return {"status": "skipped"}
+    if env is None:
+        forked.prestart()  # the rank server's imports, while the job's folder is settled below
     main_rank = env is None or env.is_main
     if main_rank:
         if earlier == "different":

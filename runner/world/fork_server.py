@@ -57,6 +57,7 @@ def _become(request: dict) -> None:
     setproctitle.setproctitle(" ".join([sys.executable, "-m", module, *argv]))
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
+    os.close(_replies)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -101,9 +102,14 @@ def _become(request: dict) -> None:
     os._exit(code)
 
 
+_replies = 1  # the launcher's pipe: fd 1 as the server was started (W&B's import wraps sys.stdout's writes)
+
+
 def _reply(message: dict) -> None:
-    sys.__stdout__.write(json.dumps(message) + "\n")
-    sys.__stdout__.flush()
+    try:
+        os.write(_replies, (json.dumps(message) + "\n").encode())
+    except BrokenPipeError:  # the launcher is gone (it ended, or it never needed a rank): so is the server
+        os._exit(0)
 
 
 def _reap() -> None:
@@ -118,6 +124,8 @@ def _reap() -> None:
 
 
 def serve() -> None:
+    global _replies
+    _replies = os.dup(1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # as the launcher started it
     for name in PRELOADED:
         importlib.import_module(name)
