@@ -93,6 +93,10 @@ def test_a_forked_rank_sees_what_a_fresh_interpreter_sees(tmp_path, probe_env, m
 def test_a_changed_file_is_read_by_the_next_rank(tmp_path, probe_env, monkeypatch):
     _, first = run_probe(tmp_path / "one", world_size=1, monkeypatch=monkeypatch)
     write_probe(probe_env, 2)
+    # An edit seconds later, as a person makes it: the byte-code cache goes by mtime and size, which a rewrite
+    # within the same second to the same size would leave unchanged (for a fresh interpreter alike).
+    later = time.time() + 5
+    os.utime(probe_env / "probe_rank.py", (later, later))
     _, second = run_probe(tmp_path / "two", world_size=1, monkeypatch=monkeypatch)
     assert (first[0]["version"], second[0]["version"]) == (1, 2)
 

@@ -23,7 +23,13 @@ from runner.record.summary import read_summary
 
 # What a step computes (its timings are the machine's): the resumed run's must equal the uninterrupted run's.
 COMPUTED = ("step", "tokens", "valid_tokens", "loss", "reported_loss", "grad_norm", "clip_coef", "lr", "grad_sketch")
-QUICK = ["train.steps=7", "train.checkpoint_every=2", "train.global_batch=8", "train.seq_len=32", "wandb.mode=disabled"]
+QUICK = [
+    "train.steps=12",
+    "train.checkpoint_every=2",
+    "train.global_batch=8",
+    "train.seq_len=32",
+    "wandb.mode=disabled",
+]
 
 
 def records(job: Path) -> list[dict]:
@@ -90,7 +96,7 @@ def test_a_job_killed_past_a_checkpoint_resumes_and_ends_bit_identical(tmp_path,
     while checkpoints.newest_complete(job) is None and victim.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert checkpoints.newest_complete(job) is not None, "no checkpoint before the job ended"
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 2.0))  # a random step past the first checkpoint
+    wait_for_step(job, victim, random.Random(os.getpid()).randint(3, 8))  # a random step past the first checkpoint
     os.killpg(victim.pid, signal.SIGKILL)
     victim.communicate()
     summary = read_summary(job) or {}
@@ -123,21 +129,27 @@ def test_a_rerun_after_a_completed_checkpointed_job_skips_it_and_another_layout_
     assert "resumed_from_step" not in read_summary(tmp_path / "job")
 
 
+def wait_for_step(job: Path, victim: subprocess.Popen, step: int) -> None:
+    """Until `step` records are in metrics.jsonl (a step picked at random, not a time: however fast the steps)."""
+    metrics, deadline = job / "metrics.jsonl", time.time() + 600
+    while victim.poll() is None and time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= step:
+            return
+        time.sleep(0.01)
+
+
 def rank_pids(job: Path) -> list[int]:
-    """The job's rank processes (their command line names the job folder), in rank order."""
+    """The job's rank processes (their command line, or process title, names the job folder), in the order they
+    started: rank 0 first (the spawner starts them in rank order)."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            words = [arg.decode(errors="replace") for arg in (proc / "cmdline").read_bytes().split(b"\0")]
-            environ = dict(
-                item.decode(errors="replace").partition("=")[::2]
-                for item in (proc / "environ").read_bytes().split(b"\0")
-                if b"=" in item
-            )
-        except OSError:  # not a process, or gone
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+            started = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):  # not a process, or gone
             continue
-        if "runner.world.worker" in words and str(job) in words:
-            found.append((int(environ.get("RANK", -1)), int(proc.name)))
+        if "runner.world.worker" in command and str(job) in command:
+            found.append((started, int(proc.name)))
     return [pid for _, pid in sorted(found)]
 
 
@@ -155,7 +167,7 @@ def test_a_stop_signal_saves_the_step_every_rank_agrees_on_and_the_rerun_resumes
     metrics = job / "metrics.jsonl"
     while not (metrics.exists() and metrics.read_text()) and victim.poll() is None and time.time() < deadline:
         time.sleep(0.05)  # until the first records are written: training is under way
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 2.0))
+    wait_for_step(job, victim, random.Random(os.getpid()).randint(1, 25))
     if how.startswith("SIGTERM"):
         victim.send_signal(signal.SIGTERM)
     else:

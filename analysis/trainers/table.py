@@ -121,8 +121,7 @@ def judged_elsewhere(runs: pd.DataFrame) -> pd.Series:
     """Runs with a section of their own, against their own question: post-training modes (objective=pg: against
     themselves at W=1 and the papers) and known bugs' arms (`known_bug.*`: buggy, fixed, reference)."""
     post_training = runs.get("objective.name", pd.Series(None, index=runs.index)).eq("pg")
-    bug_keys = [column for column in runs if column.startswith("known_bug.")]
-    bug = runs[bug_keys].notna().any(axis=1) if bug_keys else pd.Series(False, index=runs.index)
+    bug = runs.get("known_bug.name", pd.Series(None, index=runs.index)).notna()  # the arms have defaults
     return post_training | bug
 
 
