@@ -33,7 +33,7 @@ ARMS = {
     ("runner.trainers.torchtitan:loss", "sum"): _trainer("torchtitan"),
     # torchtitan #2318: S / N (the global count) with the replicas' mean left on.
     ("runner.trainers.torchtitan:loss", "mean"): (lambda b, r, s, m: b.S(r, s, m) / b.N, lambda b: 1),
-    # transformers before PR #35207: the model's token mean of the shard, never divided by M.
+    # transformers 4.46.0 to 4.47.1: the model's token mean of the shard, never divided by M.
     ("runner.trainers.transformers_bugs:double_ga", "mean"): (
         lambda b, r, s, m: safe_div(b.S(r, s, m), b.n(r, s, m)),
         lambda b: 1,

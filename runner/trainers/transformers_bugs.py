@@ -1,13 +1,17 @@
 """The Hugging Face Trainer's loss as it stood before two fixes, through the installed transformers' own
 `ForCausalLMLoss` and the Trainer's lines of `runner.trainers.hf_trainer` with the fix taken out.
 
-- `double_ga` (huggingface/transformers before PR #35207; reported as axolotl #2262, LlamaFactory #7443):
-  `Trainer.training_step` divided the loss by the gradient-accumulation steps only when
-  `num_items_in_batch` was None. The Trainer counted and passed it whatever the model did with it, so a
-  model that does not accept loss kwargs returned its own token mean per micro-batch and that mean was
-  never divided by M: each shard backpropagates S_rsm / n_rsm, FSDP mean, so the gradient is
-  (1/W) sum_rsm dS_rsm / n_rsm = M x grad L where every micro-batch holds as many targets. The fix
-  (`hf_trainer.no_loss_kwargs`) tests `model_accepts_loss_kwargs` too and divides by M.
+- `double_ga` (reported as axolotl #2262, LlamaFactory #7443): a model whose forward takes no `**kwargs`
+  returns its own token mean per micro-batch, and the Trainer no longer divided it by M. As released,
+  transformers 4.46.0 to 4.47.1 backpropagated that mean undivided (the Trainer leaves gradient
+  accumulation to itself, not to accelerate), so the gradient is M x grad L; 4.47.1 also counted and
+  passed `num_items_in_batch` for every model (PR #35121), so its logged loss is x M too (4.47.1
+  trainer.py L5125-5147 `get_batch_samples`, L3687-3691 `training_step`). The rule is the test PR #35207
+  added in 4.48.0 (divide by M only when `num_items_in_batch` is None, L3712-3713) with the count always
+  passed: the state PR #35438 fixed in 4.48.1 by testing `model_accepts_loss_kwargs` instead
+  (L3709-3710). Each shard backpropagates S_rsm / n_rsm, FSDP mean, so the gradient is
+  (1/W) sum_rsm dS_rsm / n_rsm = M x grad L where every micro-batch holds as many targets, as 4.47.1's.
+  The fix is `hf_trainer.no_loss_kwargs` (the model's mean / M).
 - `ulysses_count` (before PR #46775): `Trainer._get_num_items_in_batch` gathered the count over every
   process and did not divide it by tp * cp * sp, though the sp ranks of a sequence all count it: the
   count is sp x N, and W S_rsm / (sp N) under FSDP's mean gives grad L / sp. The fix (`hf_trainer.loss`)
@@ -23,17 +27,15 @@ from runner.train.custom_rule import Package, Source, custom_rule
 from runner.trainers.hf_trainer import _model_loss, _trainer_loss, num_items_in_batch
 
 TRANSFORMERS = Package("transformers", calls=("transformers.loss.loss_utils.ForCausalLMLoss",))
-# The pre-fix commits are not pinned: the repository's history was not available to this project (its snapshot
-# is too large to fetch). What is pinned is where the fix stands in the installed release (transformers 5.25.0):
-# the rule takes those lines out.
+# Pinned by release: the wheels on the package index hold each state (line numbers of their trainer.py).
 BEFORE_35207 = Source(
     "huggingface/transformers",
-    "the parent of PR #35207's merge (commit not pinned here)",
+    "release 4.47.1 (on the package index); the rule's test is PR #35207's, fixed by PR #35438 in 4.48.1",
     (
-        "src/transformers/trainer.py: Trainer.training_step (the division by gradient_accumulation_steps when "
-        "num_items_in_batch is None)",
-        "the fix as installed: transformers 5.25.0 src/transformers/trainer.py L2147-2155 (loss_is_scaled_for_ga "
-        "needs model_accepts_loss_kwargs as well as num_items_in_batch)",
+        "4.47.1 src/transformers/trainer.py L5125-5147 (get_batch_samples counts num_items_in_batch for every "
+        "model) and L3687-3691 (training_step: backward with no division by gradient_accumulation_steps)",
+        "4.48.0 src/transformers/trainer.py L3712-3713 (divide by gradient_accumulation_steps when "
+        "num_items_in_batch is None); 4.48.1 L3709-3710 (when the model takes no loss kwargs)",
     ),
 )
 BEFORE_46775 = Source(
@@ -48,7 +50,7 @@ BEFORE_46775 = Source(
 
 
 def _counted_anyway(ctx) -> torch.Tensor:
-    """num_items_in_batch as the Trainer counted and passed it before PR #35207 (gathered over the processes)."""
+    """num_items_in_batch as transformers 4.47.1 counted and passed it for every model (gathered over the processes)."""
     return num_items_in_batch(ctx, True)
 
 
@@ -57,7 +59,7 @@ def double_ga(logits, labels, ctx):
     """The model's own token mean of the shard (it takes no loss kwargs), not divided by M: num_items_in_batch
     was given, so training_step took the loss as normalised already."""
     loss = _model_loss(logits, labels, ctx)
-    if ctx.plan is None:  # the pre-fix test: the count alone decided whether to divide by M
+    if ctx.plan is None:  # PR #35207's test: the count alone decides whether to divide by M
         loss = loss / ctx.grad_accum
     return loss, loss.detach()
 
