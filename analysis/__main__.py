@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.bugs.table import NOT_REPRODUCED, results_in_words
 from analysis.gradients.groups import NotComparable
 from analysis.gradients.tolerances import Tolerances
 from analysis.load.sweeps import NOT_RUN, newest_result, not_a_result
@@ -152,12 +153,15 @@ def _check_post_training(result) -> bool:
 
 
 def _known_bugs_check(bugs: pd.DataFrame) -> bool:
-    """Print the known bugs' results (`analysis.bugs.table`); True when one is not reproduced (its fix included)."""
+    """Print the known bugs' results (`analysis.bugs.table`); True when one is not reproduced (its fix included):
+    a bug shown as stated on weaker evidence (a paraphrase, a construction) passes, under its own name."""
     if bugs.empty:
         return False
-    missed = bugs[bugs["result"] != "reproduced"]
+    missed = bugs[bugs["result"] == NOT_REPRODUCED]
     if missed.empty:
-        print(f"check: all {len(bugs)} known bugs reproduced, each fix equivalent to the reference")
+        print(
+            f"check: all {len(bugs)} known bugs show as stated, each fix equivalent to the reference: {results_in_words(bugs)}"
+        )
         return False
     print(f"check FAILED: {len(missed)} of {len(bugs)} known bug(s) not reproduced:")
     for _, row in missed.iterrows():

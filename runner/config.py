@@ -71,6 +71,17 @@ class Objective(str, Enum):
     pg = "pg"  # a prompt without targets, then a response whose tokens carry -A_i log p (runner.data.responses)
 
 
+class Evidence(str, Enum):
+    """What stands behind a known bug's buggy arm (`known_bug.evidence`): only the first three make it
+    "reproduced" in the known-bugs table (`analysis.bugs.table`)."""
+
+    release = "release"  # the release that shipped it: its own function called, or a test of parity with it
+    upstream_tests = "upstream_tests"  # upstream's own unit-test cases, inputs and expected values, reproduced
+    issue_example = "issue_example"  # the upstream report's own numeric example reproduced
+    paraphrase = "paraphrase"  # upstream code read at a pinned commit and written out, with nothing run against it
+    constructed = "constructed"  # the state the report describes, built here: no upstream code ran it
+
+
 class Device(str, Enum):
     auto = "auto"  # CUDA with NCCL where present, else CPU with gloo
     cpu = "cpu"
@@ -282,6 +293,8 @@ class KnownBugConfig:
     name: Optional[str] = None
     reference: Optional[str] = None  # where it was reported and fixed: repository, issue or PR numbers
     signature: Optional[str] = None  # what the upstream thread reported (a factor, or how it depends on the data)
+    evidence: Optional[Evidence] = None  # what stands behind the buggy arm (Evidence); required with a name
+    evidence_source: Optional[str] = None  # where to rerun it: the test, the release and its lines, the example
     buggy: BugArmConfig = field(default_factory=BugArmConfig)  # the upstream logic before the fix
     fixed: BugArmConfig = field(default_factory=BugArmConfig)  # after the fix
 

@@ -17,13 +17,6 @@ def _trainer(name: str):
     return shard_loss, after
 
 
-def _row_token_mean(b: Blocks, r, s, m) -> torch.Tensor:
-    """unsloth #1216 / Liger #329: each row's token mean (0 for a row without targets), the rows averaged, / M."""
-    rows = b.rows(r, m)
-    losses, valid = b.loss[rows, b.cols(s)], b.valid[rows, b.cols(s)]
-    return (losses.sum(1) / valid.sum(1).clamp(min=1)).mean() / b.grad_accum
-
-
 ARMS = {
     ("runner.trainers.hf_trainer:loss", "mean"): _trainer("hf_trainer"),
     ("runner.trainers.hf_trainer:loss_per_device", "mean"): _trainer("hf_trainer_per_device"),
@@ -38,9 +31,9 @@ ARMS = {
         lambda b, r, s, m: safe_div(b.S(r, s, m), b.n(r, s, m)),
         lambda b: 1,
     ),
-    # transformers before PR #46775: W S / (the count of every process, sp x N).
+    # transformers PR #46775's report: W S / (the shards' count divided by sp, N / sp).
     ("runner.trainers.transformers_bugs:ulysses_count", "mean"): (
-        lambda b, r, s, m: b.world_size * b.S(r, s, m) / (b.sp * b.N),
+        lambda b, r, s, m: b.world_size * b.S(r, s, m) / (b.N / b.sp),
         lambda b: 1,
     ),
     # verl before #5625: the micro-batch's token mean x its share of the rank's samples (1 / M, equal rows).
@@ -50,7 +43,6 @@ ARMS = {
     ),
     # verl after: masked sum / the global count x dp_size.
     ("runner.trainers.verl_ga_weights:token_mean", "mean"): (lambda b, r, s, m: b.S(r, s, m) / b.N * b.dp, lambda b: 1),
-    ("runner.trainers.packed_rows:row_token_mean", "mean"): (_row_token_mean, lambda b: 1),
     # VeOmni before and after PR #862: both the step's token mean W S / N (the bug is in the grad norm alone).
     ("runner.trainers.veomni_grad_norm:norm_over_fsdp_group", "mean"): (
         lambda b, r, s, m: b.world_size * b.S(r, s, m) / b.N,

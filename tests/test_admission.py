@@ -59,6 +59,7 @@ def outside(name: str, kind: type, valid) -> list:
 
 # The string fields' invalid forms: (field, value, the other overrides that make the field read, says).
 # {data} is a folder with a directory that holds no tokenizer.json and no .txt file.
+NAMED_BUG = ["known_bug.name=x", "known_bug.buggy.fn=a:b", "known_bug.fixed.fn=a:b"]
 STRINGS = [
     ("data.path", "''", [], "data.path"),
     ("data.path", "{data}/missing.txt", [], "does not exist"),
@@ -80,8 +81,20 @@ STRINGS = [
     ("known_bug.fixed.expect", "0", [], "known_bug.fixed.expect=0"),
     ("known_bug.buggy.grad_norm", "sideways", [], "known_bug.buggy.grad_norm=sideways"),
     ("known_bug.fixed.grad_norm", "'sqrt(-2)'", [], "sqrt(k)"),
-    ("known_bug.buggy.fn", "null", ["known_bug.name=x", "known_bug.fixed.fn=a:b"], "needs known_bug.buggy.fn"),
-    ("known_bug.fixed.fn", "null", ["known_bug.name=x", "known_bug.buggy.fn=a:b"], "needs known_bug.fixed.fn"),
+    ("known_bug.buggy.fn", "null", NAMED_BUG, "needs known_bug.buggy.fn"),
+    ("known_bug.fixed.fn", "null", NAMED_BUG, "needs known_bug.fixed.fn"),
+    (
+        "known_bug.evidence",
+        "null",
+        [*NAMED_BUG, "known_bug.evidence_source=s"],
+        "needs known_bug.evidence: one of release",
+    ),
+    (
+        "known_bug.evidence_source",
+        "null",
+        [*NAMED_BUG, "known_bug.evidence=release"],
+        "needs known_bug.evidence_source",
+    ),
     ("fault.kind", "explode", [], "fault.kind=explode"),
     ("cost.modes", "[local,custom]", [], "cost.modes"),
     ("cost.modes", "[sum]", [], "must include local"),

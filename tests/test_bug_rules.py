@@ -21,6 +21,7 @@ from helpers import run_config, step_one_batch, step_one_through_parts
 from omegaconf import OmegaConf
 from trainer_references import Blocks, token_losses
 
+from runner.config import Evidence
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes
 from runner.model.registry import build_model
@@ -98,6 +99,7 @@ def test_every_bug_has_two_arms_with_a_reference_formula_and_a_stated_signature(
     for name in BUGS:
         bug = bug_file(name)
         assert bug.known_bug.reference and bug.known_bug.signature and bug.known_bug.name, name
+        assert bug.known_bug.evidence in {kind.value for kind in Evidence} and bug.known_bug.evidence_source, name
         for arm in ("buggy", "fixed"):
             cfg = arm_config(name, arm)
             assert (cfg.custom.fn, cfg.custom.fsdp_reduce.value) in ARMS, (name, arm)

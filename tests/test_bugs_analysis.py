@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main
+from analysis.bugs.table import REPRODUCED_BY, SHOWN_AS
 from analysis.pipeline import analyze
 from analysis.testing.synthetic import known_bug_runs, write_sweep
+from runner.config import Evidence
 
 
 def analysed(tmp_path, runs):
@@ -40,7 +42,9 @@ def test_stated_factors_and_directions_are_reproduced_and_check_passes(tmp_path,
         "Does each known bug reproduce here, and does its fix give the reference's gradient? Yes: all 3"
     )
     assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 0
-    assert "all 3 known bugs reproduced" in capsys.readouterr().out
+    assert (
+        "all 3 known bugs show as stated, each fix equivalent to the reference: 3 reproduced" in capsys.readouterr().out
+    )
 
 
 CASES = {
@@ -66,7 +70,7 @@ def test_a_bug_that_does_not_show_or_a_fix_that_is_not_the_reference_is_not_repr
     assert reason in bugs.loc[case, "why"]
     answer = (tmp_path / "out" / "report.md").read_text().split("## Known bugs\n\n", 1)[1].splitlines()[0]
     assert answer.startswith(
-        f"Does each known bug reproduce here, and does its fix give the reference's gradient? No: 1 of 2 reproduced; not reproduced: {case}: "
+        f"Does each known bug reproduce here, and does its fix give the reference's gradient? No: 1 reproduced, 1 not reproduced; not reproduced: {case}: "
     )
     assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 1
     out = capsys.readouterr().out
@@ -102,7 +106,9 @@ def test_a_grad_norm_bug_is_judged_on_its_norm_with_the_gradient_the_reference(t
     csv = pd.read_csv(tmp_path / "out" / "bugs.csv").set_index("bug")
     assert csv.loc["norm", "expected"] == "different; grad norm ×sqrt(2)"
     assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 0
-    assert "all 2 known bugs reproduced" in capsys.readouterr().out
+    assert (
+        "all 2 known bugs show as stated, each fix equivalent to the reference: 2 reproduced" in capsys.readouterr().out
+    )
 
 
 NORM_CASES = {
@@ -125,3 +131,45 @@ def test_a_grad_norm_bug_with_the_wrong_norm_or_a_changed_gradient_is_not_reprod
     assert reason in bugs.loc[case, "why"], bugs.loc[case, "why"]
     assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 1
     assert "check FAILED: 1 of 2 known bug(s) not reproduced:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("evidence", [kind.value for kind in Evidence])
+def test_a_bug_shown_as_stated_is_reproduced_only_with_a_release_an_upstream_test_or_the_reports_example(
+    tmp_path, capsys, evidence
+):
+    """Every kind of evidence, with the arms as stated and not: the evidence names a bug that shows; it never
+    turns one that does not show into a pass."""
+    runs = known_bug_runs("shows", expect="1/2", buggy_factor=0.5, evidence=evidence)
+    runs += known_bug_runs("does_not_show", expect="1/2", buggy_factor=1.0, evidence=evidence)
+    sweep, result = analysed(tmp_path, runs)
+    bugs = result.bugs.set_index("bug")
+    shown = "reproduced" if evidence in REPRODUCED_BY else SHOWN_AS[evidence]
+    assert bugs.loc["shows", "result"] == shown and bugs.loc["does_not_show", "result"] == "not reproduced"
+    assert bugs.loc["shows", "evidence"] == f"{evidence}: shows's evidence"
+    assert bugs.loc["shows", "why"].startswith("the buggy arm gives grad L × 1/2, as stated; the fix gives grad L")
+    assert (evidence in REPRODUCED_BY) == bugs.loc["shows", "why"].endswith("the fix gives grad L")
+    csv = pd.read_csv(tmp_path / "out" / "bugs.csv").set_index("bug")
+    assert csv.loc["shows", "evidence"] == f"{evidence}: shows's evidence"
+    main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"])
+    assert "check FAILED: 1 of 2 known bug(s) not reproduced:" in capsys.readouterr().out
+    answer = (tmp_path / "out" / "report.md").read_text().split("## Known bugs\n\n", 1)[1].splitlines()[0]
+    assert answer.endswith(
+        f"No: 1 {shown}, 1 not reproduced; not reproduced: does_not_show: the buggy arm gives grad L at this layout: the bug does not show."
+    )
+
+
+def test_a_bug_shown_on_weaker_evidence_passes_check_under_its_own_name(tmp_path, capsys):
+    runs = known_bug_runs("released", expect="1/2", buggy_factor=0.5)
+    runs += known_bug_runs("read", expect="2", buggy_factor=2.0, evidence="paraphrase")
+    runs += known_bug_runs("built", expect="different", buggy_turn=0.4, evidence="constructed")
+    sweep, result = analysed(tmp_path, runs)
+    assert list(result.bugs["result"]) == ["reproduced", "shown (paraphrase)", "constructed"]
+    assert main([str(sweep), "--out", str(tmp_path / "check"), "--no-plots", "--wandb", "disabled", "--check"]) == 0
+    assert (
+        "check: all 3 known bugs show as stated, each fix equivalent to the reference: "
+        "1 reproduced, 1 shown (paraphrase), 1 constructed"
+    ) in capsys.readouterr().out
+    answer = (tmp_path / "out" / "report.md").read_text().split("## Known bugs\n\n", 1)[1].splitlines()[0]
+    assert answer.endswith(
+        "Yes: all 3 bugs showed as stated, each fix grad L (1 reproduced, 1 shown (paraphrase), 1 constructed)."
+    )

@@ -46,7 +46,10 @@ OUTSIDE_THE_RANKS = {
     "custom.expect_layouts": lambda cfg: cfg.reduction.value == "custom",  # the analysis judges the run by it
     "custom.weighs": lambda cfg: cfg.reduction.value == "custom",  # the analysis' post-training table
     "cost.warmup_steps": lambda cfg: bool(cfg.cost.modes),  # the analysis leaves these steps out
-    **{f"known_bug.{key}": lambda cfg: True for key in ("name", "reference", "signature")},  # the known-bugs table
+    **{
+        f"known_bug.{key}": lambda cfg: True  # the known-bugs table
+        for key in ("name", "reference", "signature", "evidence", "evidence_source")
+    },
     **{
         f"known_bug.{arm}.{key}": lambda cfg: True
         for arm in ("buggy", "fixed")

@@ -1,7 +1,8 @@
 """README's "Known bugs" table is generated, not typed: `analysis.report.bugs.readme_table` of a real run's bugs.csv
 (`python -m runner -m experiment=bugs` then `python -m analysis`), kept as docs/known-bugs.csv. The README holds
-exactly that table, the run covers every conf/bug/*.yaml (by its name, reference and layout), and every bug in it
-was reproduced. The generator itself is checked on a synthetic sweep."""
+exactly that table, the run covers every conf/bug/*.yaml (by its name, reference, layout and evidence), and every
+bug in it showed as stated, named by its evidence ("reproduced" only with a release, upstream's tests or the
+report's example behind it). The generator itself is checked on a synthetic sweep."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
+from analysis.bugs.table import REPRODUCED_BY, SHOWN_AS
 from analysis.pipeline import analyze
 from analysis.report.bugs import README_COLUMNS, readme_table
 from analysis.testing.synthetic import known_bug_runs, write_sweep
@@ -26,7 +28,7 @@ def test_the_readme_table_is_the_recorded_runs_table():
     assert len(section.splitlines()) <= 32
 
 
-def test_the_recorded_run_covers_every_bug_and_each_was_reproduced():
+def test_the_recorded_run_covers_every_bug_and_each_showed_as_stated_under_its_evidence():
     recorded = pd.read_csv(RECORDED).set_index("bug")
     stated = {OmegaConf.load(path).known_bug.name: OmegaConf.load(path) for path in BUG_FILES}
     assert sorted(recorded.index) == sorted(stated)
@@ -35,7 +37,9 @@ def test_the_recorded_run_covers_every_bug_and_each_was_reproduced():
         dp, replicas = bug.world_size // bug.sp, bug.get("dp_replicate", 1)
         data_parallel = f"DP({replicas}x{dp // replicas})" if replicas > 1 else f"DP({dp})"
         assert recorded.loc[name, "layout"].startswith(f"{data_parallel}-SP({bug.sp})-GA({bug.grad_accum})")
-    assert set(recorded["result"]) == {"reproduced"}
+        kind = bug.known_bug.evidence
+        assert recorded.loc[name, "evidence"] == f"{kind}: {bug.known_bug.evidence_source}"
+        assert recorded.loc[name, "result"] == ("reproduced" if kind in REPRODUCED_BY else SHOWN_AS[kind]), name
 
 
 def test_the_generator_gives_one_row_per_bug_with_the_readme_columns(tmp_path):

@@ -9,10 +9,14 @@ verdicts (each arm against the group's baseline, step 1's gradient sketch):
 - buggy vs reference, fixed vs reference: the verdict and factor (grad L x k, or another direction with
   its cosine);
 - buggy vs fixed: the ratio of their step-1 gradient scales and of their step-1 grad norms;
-- reproduced: the buggy arm gives what `known_bug.buggy.expect` states (the factor to `scale_rtol`, or
-  another direction) and the fixed arm gives grad L. Anything else is "not reproduced", with the reason:
-  an arm missing, failed or never run, the bug not showing at this layout (the buggy arm gives grad L),
-  another factor than stated, or a fix that is not equivalent to the reference.
+- the result: where the buggy arm gives what `known_bug.buggy.expect` states (the factor to `scale_rtol`, or
+  another direction) and the fixed arm gives grad L, the evidence behind the buggy arm (`known_bug.evidence`)
+  names it: "reproduced" only with a release, upstream's own tests or the report's own example behind it
+  (`REPRODUCED_BY`); "shown (paraphrase)" for upstream code read at a pinned commit with nothing run against
+  it; "constructed" for a state the report describes that no upstream code is known to have run. Anything
+  else is "not reproduced", with the reason: an arm missing, failed or never run, the bug not showing at
+  this layout (the buggy arm gives grad L), another factor than stated, or a fix that is not equivalent to
+  the reference.
 - a bug of the grad norm alone (`known_bug.buggy.grad_norm` states its factor, sqrt(k) or k) is judged on the
   norm: reproduced when the buggy arm's step-1 gradient is the reference's (sketch scale 1 and cosine 1, to
   `scale_rtol` and `cos_tol`), its step-1 grad norm the stated factor times the reference's (to `scale_rtol`),
@@ -34,6 +38,7 @@ COLUMNS = {
     "reference": "reference",
     "layout": "layout",
     "signature": "reported signature",
+    "evidence": "evidence",
     "buggy_vs_reference": "buggy vs reference",
     "buggy_vs_fixed": "buggy vs fixed",
     "fixed_vs_reference": "fixed vs reference",
@@ -41,6 +46,14 @@ COLUMNS = {
     "why": "why",
 }
 ARMS = ("buggy", "fixed")
+REPRODUCED_BY = ("release", "upstream_tests", "issue_example")  # the evidence a "reproduced" rests on
+SHOWN_AS = {"paraphrase": "shown (paraphrase)", "constructed": "constructed"}
+NOT_REPRODUCED = "not reproduced"
+BECAUSE = {
+    "paraphrase": "a paraphrase of upstream code at a pinned commit: no release, upstream test or reported example "
+    "was run against it",
+    "constructed": "the state the report describes, built here: no upstream code is known to have run it",
+}
 
 
 def _arm_of(runs: pd.DataFrame, arm: str) -> pd.Series:
@@ -85,12 +98,12 @@ def _judge_norm(buggy: pd.Series, stated: str, tol: Tolerances) -> tuple[str, st
     factor = grad_norm_factor(stated)
     scale, cosine, norm = buggy["factor"], buggy["sketch_cos_step1"], buggy["grad_norm_ratio_step1"]
     if not (abs(scale - 1) <= tol.scale_rtol and abs(1 - cosine) <= tol.cos_tol):
-        return "not reproduced", f"the buggy arm's step-1 gradient is not the reference's: {_against(buggy)}"
+        return NOT_REPRODUCED, f"the buggy arm's step-1 gradient is not the reference's: {_against(buggy)}"
     if abs(norm / factor - 1) > tol.scale_rtol:
         shown = "the bug does not show" if abs(norm - 1) <= tol.scale_rtol else f"not the stated {stated}"
-        return "not reproduced", f"the buggy arm's grad norm is ×{norm:.6g} the reference's: {shown}"
+        return NOT_REPRODUCED, f"the buggy arm's grad norm is ×{norm:.6g} the reference's: {shown}"
     if not bool(buggy["as_expected"]):
-        return "not reproduced", f"the buggy arm's update is not as stated ({buggy['expected']}): {buggy['reason']}"
+        return NOT_REPRODUCED, f"the buggy arm's update is not as stated ({buggy['expected']}): {buggy['reason']}"
     clipped = "; the clipped update departs" if buggy["verdict"] == "different" else ""
     return "reproduced", f"the buggy arm's gradient is grad L and its grad norm ×{norm:.6g}, as stated{clipped}"
 
@@ -112,19 +125,37 @@ def _judge(
     """("reproduced" or "not reproduced", why); `norm`: the grad-norm factor a grad-norm bug states."""
     for arm, row in (("buggy", buggy), ("fixed", fixed)):
         if row is None:
-            return "not reproduced", f"no {arm} arm among the runs"
+            return NOT_REPRODUCED, f"no {arm} arm among the runs"
         if row["verdict"] in ("failed", "not run", "no reference"):
-            return "not reproduced", f"the {arm} arm {row['verdict']}: {row['reason']}"
+            return NOT_REPRODUCED, f"the {arm} arm {row['verdict']}: {row['reason']}"
     if fixed["verdict"] not in SAME:
-        return "not reproduced", f"the fix is not equivalent to the reference: it gives {_against(fixed)}"
+        return NOT_REPRODUCED, f"the fix is not equivalent to the reference: it gives {_against(fixed)}"
     if norm is not None:
         return _judge_norm(buggy, norm, tol)
     if buggy["verdict"] in SAME:
-        return "not reproduced", "the buggy arm gives grad L at this layout: the bug does not show"
+        return NOT_REPRODUCED, "the buggy arm gives grad L at this layout: the bug does not show"
     if not bool(buggy["as_expected"]):
-        return "not reproduced", f"the buggy arm gives {_against(buggy)}, not the stated {expect}"
+        return NOT_REPRODUCED, f"the buggy arm gives {_against(buggy)}, not the stated {expect}"
     shown = "another direction" if buggy["verdict"] == "different" else f"grad L × {buggy['factor_label']}"
     return "reproduced", f"the buggy arm gives {shown}, as stated; the fix gives grad L"
+
+
+def _graded(result: str, why: str, evidence: str) -> tuple[str, str]:
+    """A bug shown as stated, named by the evidence behind its buggy arm (`REPRODUCED_BY`, `SHOWN_AS`)."""
+    if result == NOT_REPRODUCED or evidence in REPRODUCED_BY:
+        return result, why
+    return SHOWN_AS.get(
+        evidence, "shown (evidence not stated)"
+    ), f"{why}; {BECAUSE.get(evidence, 'no evidence stated')}"
+
+
+def _evidence(bug: pd.DataFrame) -> tuple[str, str]:
+    """(kind, "kind: source") of the bug's `known_bug.evidence` and `known_bug.evidence_source`."""
+    first = bug.iloc[0]
+    kind, source = first.get("known_bug.evidence"), first.get("known_bug.evidence_source")
+    kind = "" if kind is None or pd.isna(kind) else str(kind)
+    source = "" if source is None or pd.isna(source) else str(source)
+    return kind, f"{kind or 'not stated'}: {source}" if source else (kind or "not stated")
 
 
 def _layout(run: pd.Series) -> str:
@@ -161,7 +192,8 @@ def bugs_table(runs: pd.DataFrame, table: pd.DataFrame, tol: Tolerances = Tolera
         arms = {arm: bug[_arm_of(bug, arm)] for arm in ARMS}
         buggy, fixed = (arms[arm].iloc[0] if len(arms[arm]) else None for arm in ARMS)
         expect, norm = str(bug["known_bug.buggy.expect"].iloc[0]), _stated_norm(bug)
-        result, why = _judge(buggy, fixed, expect, norm, tol)
+        kind, evidence = _evidence(bug)
+        result, why = _graded(*_judge(buggy, fixed, expect, norm, tol), kind)
         first = bug.iloc[0]
         rows.append(
             {
@@ -171,6 +203,7 @@ def bugs_table(runs: pd.DataFrame, table: pd.DataFrame, tol: Tolerances = Tolera
                 "reference": first["known_bug.reference"],
                 "layout": _layout(first),
                 "signature": first["known_bug.signature"],
+                "evidence": evidence,
                 "expected": expect if norm is None else f"{expect}; grad norm ×{norm}",
                 "buggy_vs_reference": _against(buggy) if norm is None else _norm_against(buggy, norm),
                 "buggy_vs_fixed": _ratio(buggy, fixed),
@@ -180,6 +213,14 @@ def bugs_table(runs: pd.DataFrame, table: pd.DataFrame, tol: Tolerances = Tolera
             }
         )
     return pd.DataFrame(rows)
+
+
+def results_in_words(rows: pd.DataFrame) -> str:
+    """How many bugs have each result, in words: "3 reproduced, 4 shown (paraphrase), 1 constructed"."""
+    counts = rows["result"].value_counts(sort=False)
+    order = ["reproduced", *SHOWN_AS.values(), NOT_REPRODUCED]
+    named = sorted(counts.index, key=lambda r: order.index(r) if r in order else len(order))
+    return ", ".join(f"{counts[result]} {result}" for result in named)
 
 
 def bugs_csv(rows: pd.DataFrame) -> pd.DataFrame:

@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 COLUMNS = [
@@ -36,7 +38,11 @@ DATA_PARTS = ("data", "tokenizer")  # the identity's parts that say what a run t
 
 
 def _short_commit(commit: object) -> str:
-    return str(commit)[:7] if commit else "?"
+    """A commit's 7 hex digits; a release or PR named instead of a commit, by its first words ("release 4.47.1")."""
+    if not commit:
+        return "?"
+    text = str(commit)
+    return text[:7] if re.fullmatch(r"[0-9a-f]{40}", text) else text.split(" (", 1)[0].split(";", 1)[0]
 
 
 def _file(entry: str) -> str:

@@ -331,15 +331,19 @@ def known_bug_runs(
     grad_norm: str | None = None,
     buggy_norm_factor: float = 1.0,
     buggy_departs_from: int | None = None,
+    evidence: str = "release",
 ) -> list[SyntheticRun]:
     """A known bug's three arms as `-m bug=NAME` leaves them (conf/bug/): the reference `sum`, the buggy arm (its
     gradient k times grad L and/or turned) and the fixed arm (k times grad L), sharing the bug's `known_bug.*`.
     A grad-norm bug states `grad_norm` (known_bug.buggy.grad_norm); its buggy arm logs `buggy_norm_factor` x its
-    gradient's norm and its loss departs from step `buggy_departs_from` (clipping that binds)."""
+    gradient's norm and its loss departs from step `buggy_departs_from` (clipping that binds). `evidence`:
+    known_bug.evidence (a release by default: "reproduced" when the arms show as stated)."""
     bug = {
         "known_bug.name": name,
         "known_bug.reference": f"example/{name} #1",
         "known_bug.signature": f"{name}'s reported signature",
+        "known_bug.evidence": evidence,
+        "known_bug.evidence_source": f"{name}'s evidence",
         "known_bug.buggy.fn": f"bugs.{name}:buggy",
         "known_bug.buggy.expect": expect,
         "known_bug.fixed.fn": f"bugs.{name}:fixed",

@@ -18,7 +18,7 @@ from typing import get_type_hints
 
 from omegaconf import DictConfig
 
-from runner.config import FAULT_KINDS, RunConfig
+from runner.config import FAULT_KINDS, Evidence, RunConfig
 from runner.data.corpus import CorpusError, corpus_problem, tokenizer_vocab_size
 from runner.layout import ParallelLayout
 from runner.modes import custom_expectation, grad_norm_factor
@@ -248,6 +248,11 @@ def custom_problems(cfg: DictConfig) -> Problems:
 def known_bug_problems(cfg: DictConfig) -> Problems:
     """A known bug (conf/bug/NAME.yaml) names both arms' rules, and each arm's expectation is readable."""
     found = []
+    for key in ("evidence", "evidence_source"):
+        if cfg.known_bug.name is not None and cfg.known_bug.get(key) is None:
+            kinds = ", ".join(kind.value for kind in Evidence)
+            what = f"one of {kinds}" if key == "evidence" else "where to rerun it (a test, a release and its lines)"
+            found.append((f"known_bug.{key}", f"known_bug.name={cfg.known_bug.name} needs known_bug.{key}: {what}"))
     for arm in ("buggy", "fixed"):
         given = cfg.known_bug[arm]
         if cfg.known_bug.name is not None and given.fn is None:

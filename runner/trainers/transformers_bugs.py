@@ -12,10 +12,13 @@
   (L3709-3710). Each shard backpropagates S_rsm / n_rsm, FSDP mean, so the gradient is
   (1/W) sum_rsm dS_rsm / n_rsm = M x grad L where every micro-batch holds as many targets, as 4.47.1's.
   The fix is `hf_trainer.no_loss_kwargs` (the model's mean / M).
-- `ulysses_count` (before PR #46775): `Trainer._get_num_items_in_batch` gathered the count over every
-  process and did not divide it by tp * cp * sp, though the sp ranks of a sequence all count it: the
-  count is sp x N, and W S_rsm / (sp N) under FSDP's mean gives grad L / sp. The fix (`hf_trainer.loss`)
-  divides by the processes that see the same batch.
+- `ulysses_count` (reported in PR #46775, open): where accelerate shards each batch along the sequence for
+  sequence parallelism at the data loader, `Trainer._get_num_items_in_batch` counts this process's shard,
+  gathers over every process (N: each target counted once) and then divides by tp * cp * sp as though every
+  sp rank had counted whole sequences: N / sp. `compute_loss` then scales the loss by the processes, and
+  W S_rsm / (N / sp) under FSDP's mean gives sp x grad L: loss and gradient inflated by sp. No release is
+  known to run this combination; the arm is the state the PR describes, with the division as installed.
+  The fix (`hf_trainer.loss`) counts whole sequences, which every sp rank of a sequence sees.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from runner.train.custom_rule import Package, Source, custom_rule
-from runner.trainers.hf_trainer import _model_loss, _trainer_loss, num_items_in_batch
+from runner.trainers.hf_trainer import TP_SIZE, _model_loss, _trainer_loss, num_items_in_batch
 
 TRANSFORMERS = Package("transformers", calls=("transformers.loss.loss_utils.ForCausalLMLoss",))
 # Pinned by release: the wheels on the package index hold each state (line numbers of their trainer.py).
@@ -38,12 +41,13 @@ BEFORE_35207 = Source(
         "num_items_in_batch is None); 4.48.1 L3709-3710 (when the model takes no loss kwargs)",
     ),
 )
-BEFORE_46775 = Source(
+PR_46775 = Source(
     "huggingface/transformers",
-    "the parent of PR #46775's merge (commit not pinned here)",
+    "PR #46775 (open; the state its description reports, not a released one)",
     (
-        "src/transformers/trainer.py: Trainer._get_num_items_in_batch (no division by the non-data-parallel size)",
-        "the fix as installed: transformers 5.25.0 src/transformers/trainer.py L2399-2402 (num_items_in_batch / "
+        "its description: accelerate shards the batch along the sequence for SP at the data loader, and "
+        "`num_items_in_batch // non_data_parallel_size` divides a count of shards that was never multiplied",
+        "the division as installed: transformers 5.25.0 src/transformers/trainer.py L2399-2402 (num_items_in_batch / "
         "(tp_size * cp_size * sp_size))",
     ),
 )
@@ -64,17 +68,18 @@ def double_ga(logits, labels, ctx):
     return loss, loss.detach()
 
 
-def _count_over_every_process(ctx) -> torch.Tensor:
-    """`_get_num_items_in_batch` before PR #46775: this rank's whole sequences' targets, summed over all W."""
-    count = sum((labels != ctx.ignore_index).sum() for labels in ctx.sequence_labels).to(ctx.device)
+def _count_of_sharded_batches(ctx) -> torch.Tensor:
+    """`_get_num_items_in_batch` on batches sharded along the sequence: this shard's targets over the step,
+    summed over all W processes (N), divided by tp * cp * sp as for whole sequences (N / sp)."""
+    count = sum((labels != ctx.ignore_index).sum() for labels in ctx.labels).to(ctx.device)
     if ctx.world_size > 1:
         gathered = [torch.zeros_like(count) for _ in range(ctx.world_size)]
         dist.all_gather(gathered, count, group=ctx.world_group)
         count = torch.stack(gathered).sum()
-    return count
+    return count / (TP_SIZE * ctx.sp)
 
 
-@custom_rule(upstream=(TRANSFORMERS, BEFORE_46775), start_step=_count_over_every_process)
+@custom_rule(upstream=(TRANSFORMERS, PR_46775), start_step=_count_of_sharded_batches)
 def ulysses_count(logits, labels, ctx):
-    """The default Trainer's loss, W S_rsm / num_items, with the count of every process (sp x N under SP)."""
+    """The default Trainer's loss, W S_rsm / num_items, with the count of the shards divided by sp (N / sp)."""
     return _trainer_loss(logits, labels, ctx, True, True)

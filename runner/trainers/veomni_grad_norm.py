@@ -1,6 +1,8 @@
-"""VeOmni's FSDP2 grad norm before and after its fix (`bug=grad_norm_wrong_group`; ByteDance-Seed/VeOmni #184,
-fixed by PR #862; the same bug as modelscope/twinkle PR #290's 0.8 logged as 1.131 = 0.8 sqrt 2). A paraphrase:
-VeOmni is not packaged here. Read at ByteDance-Seed/VeOmni, the commits and lines named in `BEFORE` / `AFTER`.
+"""VeOmni's FSDP2 grad norm before and after its fix (`bug=grad_norm_wrong_group`; fixed by ByteDance-Seed/VeOmni
+PR #862; the same bug as modelscope/twinkle PR #290's 0.8 logged as 1.131 = 0.8 sqrt 2). At 7c38f425 this norm
+ran on the CPU-offload and expert-parallel paths only: the default path called DTensor's `clip_grad_norm_`
+(whose own group, VeOmni #184, PR #185 fixed). A paraphrase: VeOmni is not packaged here. Read at
+ByteDance-Seed/VeOmni, the commits and lines named in `BEFORE` / `AFTER`.
 
 The loss is right in both arms: the step's token mean, W S_rsm / N under FSDP's mean, so the gradient is grad L.
 Only the norm that is logged and clipped with differs. Each rank sums the squares of its local gradient shards,

@@ -14,9 +14,9 @@ Released (b934f462095c1e750229de35367c50ae36caa786), xtuner/v1/loss/ce_loss.py, 
 - `forward`: `all_reduce(loss, op=SUM, group=WORLD)` from `torch.distributed.nn.functional`:
   differentiable, its backward a SUM (graph_all_reduce=torch_nn), so each rank's loss receives W;
   FSDP2 keeps its mean (custom.fsdp_reduce=mean): (1/W) W dL = grad L for "token".
-- xtuner/v1/engine/train_engine.py, `TrainEngine.train_step`: the logged loss is the micro-batches'
-  (reduced) losses summed, then `dist.all_reduce(reduced_llm_loss.div_(world_size))`: a mean over ranks
-  of a value every rank already holds, L: logging only.
+- xtuner/v1/model/base.py L1263-1265 (at b934f462): the logged loss is the micro-batches' (reduced)
+  losses summed, then `dist.all_reduce(reduced_llm_loss.div_(world_size))`: a mean over ranks of a value
+  every rank already holds, L: logging only.
 
 RFC #1335 (at 7b1246a3e3fcb156a6c579859061be78d8d520b7: base_loss_ctx.py L156, train_engine.py
 L336-337) proposes dropping that all-reduce: `rfc_without_all_reduce` backpropagates the local S_rsm / N
@@ -49,7 +49,7 @@ RELEASED = Source(
     "b934f462095c1e750229de35367c50ae36caa786",
     (
         "xtuner/v1/loss/ce_loss.py: LMHeadLossContext.build_batches, loss_fn, forward",
-        "xtuner/v1/engine/train_engine.py: TrainEngine.train_step (the logged loss)",
+        "xtuner/v1/model/base.py: L1263-1265 (the logged loss)",
     ),
 )
 RFC = Source(
