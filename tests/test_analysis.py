@@ -294,3 +294,33 @@ def test_a_label_names_a_model_by_its_preset_not_by_the_keys_the_preset_sets(tmp
         "DP(2)-SP(1)-GA(1) model.name=hf_llama",
         "DP(2)-SP(1)-GA(1) model.name=tiny",
     ]
+
+
+def test_a_run_with_dropout_is_judged_against_its_own_layouts_sum():
+    """Layouts draw different dropout masks (runner.train.rng): a run whose model has dropout never takes the
+    family's world_size=1 run as its baseline, only its own layout's `sum`; runs without dropout still do."""
+    from analysis.gradients.groups import _baselines
+
+    rows = []
+    for dropout in (None, "attention_dropout=0.1"):
+        family = "f1" if dropout is None else "f2"
+        for world_size, reduction in ((1, "sum"), (2, "sum"), (2, "local")):
+            rows.append(
+                {
+                    "run": f"{family}/w{world_size}_{reduction}",
+                    "status": "completed",
+                    "reduction": reduction,
+                    "world_size": world_size,
+                    "grad_accum": 2,
+                    "sp": 1,
+                    "group": f"{family}/w{world_size}",
+                    "family": family,
+                    "dropout": dropout,
+                }
+            )
+    runs = pd.DataFrame(rows)
+    baseline, kind = _baselines(runs)
+    got = dict(zip(runs["run"], zip(baseline, kind)))
+    assert got["f1/w2_local"] == ("f1/w1_sum", "world_size=1 sum")
+    assert got["f2/w2_local"] == ("f2/w2_sum", "group sum (dropout: layouts draw their own masks)")
+    assert got["f2/w1_sum"] == ("f2/w1_sum", "group sum (dropout: layouts draw their own masks)")

@@ -105,7 +105,8 @@ def _layout_names(runs: pd.DataFrame) -> np.ndarray:
 
 
 def _baselines(runs: pd.DataFrame) -> tuple[pd.Series, np.ndarray]:
-    """Each run's baseline: its family's world_size=1 `sum` run (smallest grad_accum), else its group's `sum`."""
+    """Each run's baseline: its family's world_size=1 `sum` run (smallest grad_accum), else its group's `sum`;
+    a run whose model has dropout, always its group's `sum` (the same layout, so the same masks)."""
     completed_sum = runs[(runs["status"] == "completed") & (runs["reduction"] == "sum")]
     group_reference = completed_sum.drop_duplicates("group").set_index("group")["run"]
     ground_truth = (
@@ -114,10 +115,18 @@ def _baselines(runs: pd.DataFrame) -> tuple[pd.Series, np.ndarray]:
         .drop_duplicates("family")
         .set_index("family")["run"]
     )
-    from_family = runs["family"].map(ground_truth).astype(object)
+    # With dropout, a layout draws its own masks (runner.train.rng): such a run compares with its own layout's sum.
+    random_draws = runs["dropout"].notna() if "dropout" in runs else pd.Series(False, index=runs.index)
+    from_family = runs["family"].map(ground_truth).astype(object).where(~random_draws)
     baseline = from_family.where(from_family.notna(), runs["group"].map(group_reference).astype(object))
     kind = np.where(
-        runs["family"].isin(ground_truth.index), "world_size=1 sum", np.where(baseline.notna(), "group sum", "none")
+        from_family.notna(),
+        "world_size=1 sum",
+        np.where(
+            baseline.notna(),
+            np.where(random_draws, "group sum (dropout: layouts draw their own masks)", "group sum"),
+            "none",
+        ),
     )
     return baseline, kind
 

@@ -33,6 +33,7 @@ COLUMNS = [
     "identity_tokenizer",
     "identity_digest",
     "wandb_run_id",
+    "dropout",  # what of the model drew at random (runner.train.rng.dropout_in), or None
 ]
 DATA_PARTS = ("data", "tokenizer")  # the identity's parts that say what a run trained on
 
@@ -98,4 +99,5 @@ def provenance(summary: dict) -> dict:
         "identity_tokenizer": parts.get("tokenizer"),
         "identity_digest": identity.get("digest") if isinstance(identity, dict) else None,
         "wandb_run_id": summary.get("wandb_run_id"),
+        "dropout": summary.get("dropout") if isinstance(summary.get("dropout"), str) else None,
     }

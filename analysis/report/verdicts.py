@@ -46,12 +46,27 @@ def verdicts_answer(verdicts: pd.DataFrame) -> str:
     return f"{QUESTION} No, {len(wrong)} of {len(judged)} differ ({shown}{more}){aside}."
 
 
+def dropout_note(verdicts: pd.DataFrame) -> list[str]:
+    """The runs whose model has dropout, each judged against its own layout's `sum` run, in one sentence."""
+    kinds = verdicts.get("baseline_kind", pd.Series(dtype=object)).astype(str)
+    judged = verdicts[kinds.str.contains("dropout", regex=False)]
+    if judged.empty:
+        return []
+    return [
+        f"{count(len(judged), 'run')} trained with dropout: each is judged against the `sum` run of its own layout, "
+        "which drew the same masks (seeded by seed, step and rank); layouts draw different masks, so these "
+        "verdicts say nothing about agreement across layouts or with the single-process reference.",
+        "",
+    ]
+
+
 def verdicts_section(verdicts: pd.DataFrame, tol: Tolerances) -> list[str]:
     return [
         "## Verdicts",
         "",
         verdicts_answer(verdicts),
         "",
+        *dropout_note(verdicts),
         table(by_mode(verdicts)[list(VERDICT_COLUMNS)].rename(columns=VERDICT_COLUMNS)),
         "",
         f"Tolerances: loss curves match while |Δloss| <= {tol.loss_rtol:g} × the baseline's loss; "

@@ -45,6 +45,7 @@ from runner.train.meter import synchronize
 from runner.train.optim import optimizer_step
 from runner.train.outcome import TrainResult, divergence
 from runner.train.reduction import forward_backward
+from runner.train.rng import seed_step
 
 
 def arm_order(modes: list[Reduction], seed: int, step: int) -> list[Reduction]:
@@ -83,6 +84,7 @@ def measure_cost(parts: RankParts, logger: MetricLogger | None) -> TrainResult:
         calls = {}
         for mode in order:
             set_gradient_reduction(model, facts(mode).fsdp_reduction)
+            seed_step(cfg.seed, step, parts.rank)  # every arm of the step draws the same dropout masks
             counter = CollectiveCounter(parts.meshes.group_kinds()) if step == 1 else None
             dist.barrier(group=group)
             started = time.perf_counter()

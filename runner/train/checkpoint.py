@@ -4,11 +4,11 @@ What a step depends on, and where a checkpoint keeps it:
 - the model's and the optimizer's state (AdamW's moments and step counts): FSDP2's distributed state dict
   (`torch.distributed.checkpoint.state_dict.get_state_dict`), saved sharded by
   `torch.distributed.checkpoint` (DCP), each rank writing its own shards, and loaded in place;
-- every RNG a rank draws from (torch's CPU and CUDA generators: dropout; Python's and NumPy's global ones):
-  `rank<r>.pt`, with the trainer's token counter;
-- the step. Everything else a step uses is a function of (seed, step) and the config: the batch
+- the trainer's token counter: `rank<r>.pt`;
+- the step. Everything else a step uses is a function of (seed, step, rank) and the config: the batch
   (`runner.data.batches`), the learning rate (`RankParts.set_lr`), the gradient sketch's projections
-  (`runner.train.gradients`), a fault's step. So a run resumed from step k computes steps k+1.. bit for bit
+  (`runner.train.gradients`), a fault's step, and every random draw (dropout: the generators are seeded
+  at each step, `runner.train.rng`), so no generator state needs keeping. So a run resumed from step k computes steps k+1.. bit for bit
   as the uninterrupted run did (`tests/test_resume.py`).
 
 The records of the steps up to k are in metrics.jsonl when the checkpoint is published: the trainer gathers
@@ -21,10 +21,8 @@ checked by the launcher before it lets a run resume; a changed layout is another
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -38,21 +36,6 @@ def _rank_file(folder: Path, rank: int) -> Path:
     return folder / f"rank{rank}.pt"
 
 
-def _rng_states() -> dict:
-    states = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
 def save(model, optimizer, *, step: int, tokens: int, job_dir: Path, keep: int, group, layout: ParallelLayout) -> None:
     """Every rank: this step's checkpoint (collective). Rank 0 publishes it once all ranks have written."""
     rank = dist.get_rank(group)
@@ -63,7 +46,7 @@ def save(model, optimizer, *, step: int, tokens: int, job_dir: Path, keep: int, 
     dist.barrier(group)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), process_group=group)
-    torch.save({"rng": _rng_states(), "tokens": tokens}, _rank_file(partial, rank))
+    torch.save({"tokens": tokens}, _rank_file(partial, rank))
     dist.barrier(group)  # every rank's shards and rank file are on disk
     if rank == 0:
         checkpoints.publish(job_dir, step, {"world_size": layout.world_size, "layout": str(layout)}, keep)
@@ -71,7 +54,7 @@ def save(model, optimizer, *, step: int, tokens: int, job_dir: Path, keep: int, 
 
 
 def load(model, optimizer, *, folder: Path, group, layout: ParallelLayout) -> dict:
-    """Every rank: the model, optimizer and this rank's RNG states from `folder` (collective); returns
+    """Every rank: the model, optimizer and this rank's token count from `folder` (collective); returns
     {"step", "tokens"}. Refuses a checkpoint of another layout (the launcher never offers one)."""
     meta = checkpoints.read_meta(folder)
     if meta.get("layout") != str(layout):
@@ -84,7 +67,6 @@ def load(model, optimizer, *, folder: Path, group, layout: ParallelLayout) -> di
     dcp.load(state, checkpoint_id=str(folder), process_group=group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     own = torch.load(_rank_file(folder, dist.get_rank(group)), weights_only=False)
-    _set_rng_states(own["rng"])
     return {"step": meta["step"], "tokens": own["tokens"]}
 
 

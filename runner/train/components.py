@@ -99,11 +99,13 @@ class RankParts:
 
     def provenance(self) -> dict:
         """summary.json's record of the code this run's gradient rests on (collective: every rank calls it):
+        `dropout`, what of the model draws at random (`runner.train.rng.dropout_in`; None: nothing),
         `all_reduce_backward`, the graph's all-reduce's backward as measured here at the start, and for a
         custom rule `custom_upstream`, the packages (with the versions that ran) and sources it follows."""
         from runner.train.all_reduce import measured_backward
+        from runner.train.rng import dropout_in
 
-        facts = {}
+        facts = {"dropout": dropout_in(self.model)}
         implementation = self.graph_all_reduce()
         if implementation is not None:
             expected = float(self.layout.world_size) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0

@@ -37,6 +37,7 @@ from runner.train.meter import StepMeter, world_gather
 from runner.train.optim import optimizer_step
 from runner.train.outcome import TrainResult, divergence
 from runner.train.reduction import StepLoss, forward_backward
+from runner.train.rng import seed_step
 from runner.train.stop_request import StopRequest
 
 NO_COMM = {"calls": 0, "bytes": 0, "seconds": 0.0}
@@ -61,6 +62,7 @@ class Trainer:
     def step(self, step: int) -> dict:
         """Optimizer step `step` (1-based) on this rank; returns its metrics record (logged on rank 0)."""
         parts, cfg, meter = self.parts, self.cfg, self.meter
+        seed_step(cfg.seed, step, parts.rank)  # dropout's masks: from (seed, step, rank) alone
         batch = parts.batches(step)
         micro_batches = parts.local_share(batch)
         lr = parts.set_lr(step)

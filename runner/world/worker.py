@@ -73,6 +73,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
     from runner.train.components import build_parts
     from runner.train.loop import train
     from runner.train.outcome import peak_rss_mib
+    from runner.train.rng import seed_step
     from runner.world.env import init_world, leave_world, resolve_device_type
 
     layout = ParallelLayout.from_config(cfg)
@@ -124,6 +125,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
             "process_group": round(process_group, 3),
             "wandb": round(wandb_init, 3),
         }
+        seed_step(cfg.seed, 0, env.rank)  # whatever set-up draws; each step seeds its own (runner.train.rng)
         parts = build_parts(cfg, meshes, device)
         summary.update(parts.provenance())
         measured = summary.get("all_reduce_backward")
