@@ -39,7 +39,9 @@ def comm_overhead(comm: pd.DataFrame, out: Path) -> Path:
     fig, calls_ax = plt.subplots(figsize=(max(7, 1.6 * len(labels) + 2), 4.2))
     x = np.arange(len(labels))
     for i, mode in enumerate(modes):
-        one = table[table["reduction"] == mode].set_index("group_label").reindex(labels)
+        # A group may hold several runs of one mode (train.steps=3,4): their counts per step are one count.
+        one = table[table["reduction"] == mode].groupby("group_label", sort=False).max(numeric_only=True)
+        one = one.reindex(labels)
         offset = x + (i - (len(modes) - 1) / 2) * width
         calls_ax.bar(offset, one["loss_all_reduce_calls"], width, color=COLOURS[mode], label=mode)
     if table["loss_all_reduce_calls"].isna().all():
