@@ -115,6 +115,31 @@ def callable_problem(spec: str) -> str | None:
     return None
 
 
+def _not_users(top: str) -> bool:
+    """The standard library's modules and the runner's own (its version is in every run's identity)."""
+    return top in sys.stdlib_module_names or top in ("runner", "__main__", "__mp_main__")
+
+
+def local_sources(names, distributions: dict | None = None) -> dict[str, str]:
+    """{module: sha256 of its file} of the loaded modules among `names` that are the user's own: neither the
+    standard library's, the runner's, nor an installed package's (whose version says what it is)."""
+    distributions = metadata.packages_distributions() if distributions is None else distributions
+    local = {}
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        top = name.partition(".")[0]
+        if file is None or _not_users(top) or top in distributions or not Path(file).is_file():
+            continue
+        local[name] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    return local
+
+
+def sources_digest(local: dict[str, str]) -> str:
+    """One sha256 over `local_sources`' files: the identity's `custom.fn` part."""
+    return hashlib.sha256(json.dumps(local, sort_keys=True).encode()).hexdigest()
+
+
 def callable_facts(spec: str, preloaded: frozenset[str] = frozenset()) -> dict:
     """What is wrong with `spec` (`problem`, or None), and the code its import brought in, for the run's identity:
     `source` (a sha256 over the files of the modules that are not an installed package's: the callable's own
@@ -147,21 +172,17 @@ def callable_facts(spec: str, preloaded: frozenset[str] = frozenset()) -> dict:
     if asked & preloaded_packages:
         brought |= preloaded
     distributions = metadata.packages_distributions()
-    local, packages = {}, {}
+    packages = {}
     for name in sorted(brought):
         top = name.partition(".")[0]
-        file = getattr(sys.modules[name], "__file__", None)
-        if top in sys.stdlib_module_names or top in ("runner", "__main__", "__mp_main__") or file is None:
-            continue
-        if top in distributions:
+        if top in distributions and getattr(sys.modules[name], "__file__", None) and not _not_users(top):
             for distribution in distributions[top]:
                 packages[distribution] = metadata.version(distribution)
-        elif Path(file).is_file():
-            local[name] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
-    source = hashlib.sha256(json.dumps(local, sort_keys=True).encode()).hexdigest()
+    local = local_sources(brought, distributions)
     return {
         "problem": None,
-        "source": source,
+        "source": sources_digest(local),
+        "sources": local,
         "modules": sorted(local),
         "packages": dict(sorted(packages.items())),
         "graph_all_reduce": getattr(declared, "value", declared),  # "configured": it reads autograd_all_reduce

@@ -48,3 +48,28 @@ def test_job_folder_names_hold_no_colon_or_whitespace():
     assert not set(name) & set(":/\\ \t\n\r") and name.startswith("custom.fn=my_rules_loss,")
     long = job_dirname("custom.fn=a:b," + "x" * 300)
     assert len(long) < 170 and ":" not in long
+
+
+def test_runs_of_one_rule_whose_code_differed_get_labels_of_their_own():
+    """One rule name, two versions of its file (edited between two sweeps): two labels, each with its code's hash;
+    one version only: the label as before."""
+    import pandas as pd
+
+    from analysis.load.mode_labels import label_modes
+
+    rule = {"reduction": "custom", "custom.fn": "my_rule:fn", "custom.name": "my rule"}
+    runs = pd.DataFrame(
+        [
+            {**rule, "identity_custom_fn": "1a2b3c4d" + "0" * 56},
+            {**rule, "identity_custom_fn": "1a2b3c4d" + "0" * 56},
+            {**rule, "identity_custom_fn": "9f8e7d6c" + "0" * 56},
+            {"reduction": "sum", "identity_custom_fn": None},
+        ]
+    )
+    labels = label_modes(runs)["reduction"].tolist()
+    assert labels[0] == labels[1] and labels[0].endswith(" (code 1a2b3c4)")
+    assert labels[2].endswith(" (code 9f8e7d6)") and labels[2].removesuffix(" (code 9f8e7d6)") == labels[
+        0
+    ].removesuffix(" (code 1a2b3c4)")
+    assert labels[3] == "sum"
+    assert label_modes(runs.iloc[[0, 1, 3]])["reduction"].tolist()[0] == labels[0].removesuffix(" (code 1a2b3c4)")

@@ -7,7 +7,7 @@ rule by its `custom.name` with FSDP's reduction, `torchtitan [FSDP sum]`, or
 (against grad L: `runner.modes.run_gradient`), `fsdp_reduction` (the mode's, or
 `custom.fsdp_reduce`) and `all_reduce`: the one sentence that says which
 differentiable all-reduce the run used and what its backward does (empty for
-modes without one in the graph).
+modes without one in the graph). Two runs of one custom rule whose code differed get two labels.
 """
 
 from __future__ import annotations
@@ -66,4 +66,17 @@ def label_modes(runs: pd.DataFrame) -> pd.DataFrame:
         ["reduction", "gradient", "fsdp_reduction", "all_reduce"], zip(*facts) if facts else [()] * 4
     ):
         runs[name] = list(values)
+    return _apart_by_code(runs)
+
+
+def _apart_by_code(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs of one custom rule's label whose code differed (the identity's `custom.fn` part: a sha256 over the
+    rule's files) are told apart: each label then ends in its code's first 7 hex digits, `name (code 1a2b3c4)`,
+    so that no line, colour or verdict merges two pieces of code under one name."""
+    if "identity_custom_fn" not in runs:
+        return runs
+    code = runs["identity_custom_fn"]
+    versions = code.groupby(runs["reduction"]).transform(lambda hashes: hashes.dropna().nunique())
+    apart = code.notna() & versions.gt(1)
+    runs.loc[apart, "reduction"] = runs.loc[apart, "reduction"] + " (code " + code[apart].str[:7] + ")"
     return runs

@@ -32,6 +32,7 @@ COLUMNS = [
     "identity_data",
     "identity_tokenizer",
     "identity_digest",
+    "identity_custom_fn",  # the sha256 over a custom rule's files (runner.callables.local_sources), or None
     "wandb_run_id",
     "dropout",  # what of the model drew at random (runner.train.rng.dropout_in), or None
 ]
@@ -98,6 +99,7 @@ def provenance(summary: dict) -> dict:
         "identity_data": parts.get("data"),
         "identity_tokenizer": parts.get("tokenizer"),
         "identity_digest": identity.get("digest") if isinstance(identity, dict) else None,
+        "identity_custom_fn": parts.get("custom.fn"),
         "wandb_run_id": summary.get("wandb_run_id"),
         "dropout": summary.get("dropout") if isinstance(summary.get("dropout"), str) else None,
     }

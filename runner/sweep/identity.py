@@ -91,7 +91,10 @@ def run_identity(cfg: Any, config_yaml: str, custom_facts: dict | None = None) -
         versions.update((custom_facts or {}).get("packages") or {})
     versions = dict(sorted(versions.items()))
     digest = hashlib.sha256(json.dumps({"parts": parts, "versions": versions}, sort_keys=True).encode()).hexdigest()
-    return {"digest": digest, "parts": parts, "versions": versions}
+    identity = {"digest": digest, "parts": parts, "versions": versions}
+    if custom:  # each file of custom.fn's part, which the ranks' own hashes are held to (runner.sweep.job)
+        identity["sources"] = (custom_facts or {}).get("sources") or {}
+    return identity
 
 
 def identity_changes(old: dict | None, new: dict) -> list[str]:

@@ -4,6 +4,7 @@ record the outcome.
 In this order, so that nothing is built from a config before it passed every rule and nothing is moved or
 written before the job is sure to run:
 
+0. The job folder's lock (`runner.sweep.folder_lock`): one launcher per folder, or this one is refused.
 1. `runner.sweep.admission.admit`: every rule (the schema's, the config's, this machine's); a refused job
    records `invalid` and returns (a single run exits 2, EXIT_INVALID). Its folder's earlier run, if any,
    is left as it was (`runner.sweep.rerun.record_refusal` notes the refusal beside it).
@@ -37,7 +38,7 @@ from runner.config import rank_config
 from runner.record import checkpoints
 from runner.record.config_file import write_config
 from runner.record.summary import read_summary, update_summary
-from runner.sweep import forked, interrupts, rerun
+from runner.sweep import folder_lock, forked, interrupts, rerun
 from runner.sweep.admission import Admitted, Refused, admit
 from runner.sweep.custom_check import custom_fn_facts
 from runner.sweep.identity import identity_changes, run_identity
@@ -94,7 +95,16 @@ def record_outcome(job_dir: Path, outcome: str, **fields) -> dict:
 def run_job(hydra_task_cfg: DictConfig, place: JobPlace | None = None) -> dict:
     place = place or JobPlace.of_hydra()
     with interrupts.held(deliver=False) as arrived:
-        result = _run(hydra_task_cfg, place, arrived)
+        if rank_env() is not None:  # a rank of a torchrun world: its launcher is torchrun's
+            result = _run(hydra_task_cfg, place, arrived)
+        else:
+            try:
+                with folder_lock.held(place.job_dir) as took_over:
+                    if took_over:
+                        log.warning(f"{place.tag}: {took_over}")
+                    result = _run(hydra_task_cfg, place, arrived)
+            except folder_lock.FolderInUse as in_use:
+                result = _folder_in_use(place, in_use)
     if arrived:
         raise interrupts.Interrupted(arrived[0], job_dir=place.job_dir, sweep_dir=place.sweep_dir)
     return result
@@ -179,6 +189,16 @@ def _refuse(place: JobPlace, refused: Refused) -> dict:
     return {"status": "invalid"}
 
 
+def _folder_in_use(place: JobPlace, in_use: folder_lock.FolderInUse) -> dict:
+    """Another launcher runs this job's folder: nothing of it is read or written (a sweep's tally counts the
+    job failed through refused.json, which no run's file is); a single run exits 2."""
+    log.error(f"{place.tag} {place.overrides}: refused: {in_use}")
+    if not place.sweeping:
+        raise SystemExit(EXIT_INVALID)
+    rerun.record_refusal(place.job_dir, "failed", status="failed", error=str(in_use))
+    return {"status": "failed"}
+
+
 def _skip_here(place: JobPlace, job: JobInfo, admitted: Admitted, shortfall: str) -> dict:
     """Valid, but this machine lacks what it asks for: skipped (a single run exits 2)."""
     _record_not_run(place, admitted.config_yaml, "skipped", {"status": "skipped", "error": shortfall})
@@ -219,9 +239,28 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
             rank, error = failure_report(job_dir, outcome.returncodes)
             root_cause = {"failed_rank": rank}
         update_summary(job_dir, status="failed", error=error, interrupted=bool(outcome.interrupted), **root_cause)
+    changed = changed_sources(read_summary(job_dir) or {})
+    if changed:
+        update_summary(job_dir, status="failed", error=changed)
     status = (read_summary(job_dir) or {}).get("status", "failed")  # no status: rank 0 died before writing one
     return record_outcome(
         job_dir, status, status=status, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3)
+    )
+
+
+def changed_sources(summary: dict) -> str | None:
+    """What of custom.fn's code the ranks ran differs from what the launcher hashed into the identity before
+    launch (a file edited in between), in one sentence; None: the same files, or no custom rule. Such a run's
+    record would name code that did not run, so the job fails."""
+    hashed = ((summary.get("identity") or {}).get("sources")) or {}
+    ran = summary.get("custom_sources_ran") or {}
+    differing = [name for name in sorted(hashed) if name in ran and ran[name] != hashed[name]]
+    if not differing:
+        return None
+    return (
+        f"custom.fn's code changed between the launcher's check and the ranks' import: {', '.join(differing)} "
+        f"(sha256 {hashed[differing[0]][:12]} before launch, {ran[differing[0]][:12]} in the ranks); the ranks "
+        "ran code that this run's identity does not name. Rerun it once the file is as you mean it"
     )
 
 

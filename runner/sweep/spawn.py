@@ -30,6 +30,7 @@ from runner.sweep import interrupts
 from runner.sweep.forked import ForkedRank
 from runner.sweep.forked import start_rank as forked_rank
 from runner.world.env import spawned_rank_environ
+from runner.world.parent_death import die_with_parent
 
 _POLL_S = 0.1
 _GRACE_S = 5.0  # how long the other ranks of a failed rank get to exit on their own
@@ -172,7 +173,9 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
                     log_files.append(log_file)
                     command = [sys.executable, "-m", module, *argv]
                     stdout = subprocess.PIPE if echo else log_file
-                    process = subprocess.Popen(command, env=environ, stdout=stdout, stderr=subprocess.STDOUT)
+                    process = subprocess.Popen(
+                        command, env=environ, stdout=stdout, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                    )
                 else:
                     process = forked
             processes.append(process)

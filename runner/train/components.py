@@ -7,6 +7,7 @@ and stop on `runner.train.outcome.divergence`, so the two loops cannot drift apa
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +102,8 @@ class RankParts:
         """summary.json's record of the code this run's gradient rests on (collective: every rank calls it):
         `dropout`, what of the model draws at random (`runner.train.rng.dropout_in`; None: nothing),
         `all_reduce_backward`, the graph's all-reduce's backward as measured here at the start, and for a
-        custom rule `custom_upstream`, the packages (with the versions that ran) and sources it follows."""
+        custom rule `custom_upstream`, the packages (with the versions that ran) and sources it follows, and
+        `custom_sources_ran`, the sha256 of each of the user's modules as this rank imported them."""
         from runner.train.all_reduce import measured_backward
         from runner.train.rng import dropout_in
 
@@ -111,10 +113,11 @@ class RankParts:
             expected = float(self.layout.world_size) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0
             facts["all_reduce_backward"] = measured_backward(implementation, self.group, self.device, expected)
         if self.cfg.reduction is Reduction.custom:
-            from runner.callables import resolve_callable
+            from runner.callables import local_sources, resolve_callable
             from runner.train.custom_rule import upstream_records
 
             facts["custom_upstream"] = upstream_records(resolve_callable(self.cfg.custom.fn))
+            facts["custom_sources_ran"] = local_sources(list(sys.modules))  # the rule's files as imported here
         return facts
 
 

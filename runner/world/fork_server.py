@@ -15,7 +15,8 @@ replies on stdout
     {"id": N, "pid": P}            once forked (or {"id": N, "error": "..."} when the fork failed)
     {"pid": P, "code": C}          when the child ends: its exit status as subprocess gives it
                                    (negative: killed by that signal)
-The server exits when its stdin closes (its launcher ended); children still running are left to finish.
+The server exits when its stdin closes (its launcher ended), and is killed when its launcher is; its
+children are killed when it ends (`runner.world.parent_death`): no rank outlives the launcher.
 The server blocks SIGINT and SIGTERM (a terminal's Ctrl-C, a kill of the launcher's process group: the
 launcher's to act on, `runner.sweep.spawn`); a child unblocks SIGTERM and keeps SIGINT blocked, as a rank
 the launcher starts itself is born.
@@ -29,6 +30,8 @@ import os
 import select
 import signal
 import sys
+
+from runner.world.parent_death import die_with_parent
 
 # What a rank imports that does not change between ranks: torch and its distributed modules, numpy,
 # OmegaConf and Hydra (the rank's config), W&B (rank 0's run). Each is imported once, here.
@@ -125,6 +128,8 @@ def _reap() -> None:
 
 def serve() -> None:
     global _replies
+    die_with_parent()  # the launcher, killed outright, takes the server (and so its ranks) with it
+    server = os.getpid()
     _replies = os.dup(1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # as the launcher started it
     for name in PRELOADED:
@@ -151,6 +156,7 @@ def serve() -> None:
                 continue
             if pid == 0:
                 try:
+                    die_with_parent(server)  # a rank ends with the server, which ends with the launcher
                     _become(request)
                 finally:
                     os._exit(1)
