@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from runner.sweep.job import changed_sources
+from runner.sweep.identity import changed_sources
 
 RULE = '''
 import torch.nn.functional as F

@@ -92,7 +92,7 @@ def run_identity(cfg: Any, config_yaml: str, custom_facts: dict | None = None) -
     versions = dict(sorted(versions.items()))
     digest = hashlib.sha256(json.dumps({"parts": parts, "versions": versions}, sort_keys=True).encode()).hexdigest()
     identity = {"digest": digest, "parts": parts, "versions": versions}
-    if custom:  # each file of custom.fn's part, which the ranks' own hashes are held to (runner.sweep.job)
+    if custom:  # each file of custom.fn's part, which the ranks' own hashes are held to (`changed_sources`)
         identity["sources"] = (custom_facts or {}).get("sources") or {}
     return identity
 
@@ -113,3 +113,19 @@ def identity_changes(old: dict | None, new: dict) -> list[str]:
         if before != after:
             changes.append(f"{package} {before or 'not used'} -> {after or 'not used'}")
     return changes
+
+
+def changed_sources(summary: dict) -> str | None:
+    """What of custom.fn's code the ranks ran differs from what the launcher hashed into the identity before
+    launch (a file edited in between), in one sentence; None: the same files, or no custom rule. Such a run's
+    record would name code that did not run, so the job fails."""
+    hashed = ((summary.get("identity") or {}).get("sources")) or {}
+    ran = summary.get("custom_sources_ran") or {}
+    differing = [name for name in sorted(hashed) if name in ran and ran[name] != hashed[name]]
+    if not differing:
+        return None
+    return (
+        f"custom.fn's code changed between the launcher's check and the ranks' import: {', '.join(differing)} "
+        f"(sha256 {hashed[differing[0]][:12]} before launch, {ran[differing[0]][:12]} in the ranks); the ranks "
+        "ran code that this run's identity does not name. Rerun it once the file is as you mean it"
+    )

@@ -41,7 +41,7 @@ from runner.record.summary import read_summary, update_summary
 from runner.sweep import folder_lock, forked, interrupts, rerun
 from runner.sweep.admission import Admitted, Refused, admit
 from runner.sweep.custom_check import custom_fn_facts
-from runner.sweep.identity import identity_changes, run_identity
+from runner.sweep.identity import changed_sources, identity_changes, run_identity
 from runner.sweep.machine import machine_shortfall, usable_cpu_cores, visible_cuda_devices
 from runner.sweep.spawn import failure_report, run_world
 from runner.sweep.tally import ends_badly
@@ -190,8 +190,8 @@ def _refuse(place: JobPlace, refused: Refused) -> dict:
 
 
 def _folder_in_use(place: JobPlace, in_use: folder_lock.FolderInUse) -> dict:
-    """Another launcher runs this job's folder: nothing of it is read or written (a sweep's tally counts the
-    job failed through refused.json, which no run's file is); a single run exits 2."""
+    """Another launcher runs this job's folder: no run's file of it is read or written (a single run exits 2;
+    a sweep's tally counts the job failed through refused.json, beside that launcher's files)."""
     log.error(f"{place.tag} {place.overrides}: refused: {in_use}")
     if not place.sweeping:
         raise SystemExit(EXIT_INVALID)
@@ -239,28 +239,13 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
             rank, error = failure_report(job_dir, outcome.returncodes)
             root_cause = {"failed_rank": rank}
         update_summary(job_dir, status="failed", error=error, interrupted=bool(outcome.interrupted), **root_cause)
-    changed = changed_sources(read_summary(job_dir) or {})
+    summary = read_summary(job_dir) or {}
+    changed = changed_sources(summary)
     if changed:
-        update_summary(job_dir, status="failed", error=changed)
-    status = (read_summary(job_dir) or {}).get("status", "failed")  # no status: rank 0 died before writing one
+        summary = update_summary(job_dir, status="failed", error=changed)
+    status = summary.get("status", "failed")  # no status: rank 0 died before writing one
     return record_outcome(
         job_dir, status, status=status, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3)
-    )
-
-
-def changed_sources(summary: dict) -> str | None:
-    """What of custom.fn's code the ranks ran differs from what the launcher hashed into the identity before
-    launch (a file edited in between), in one sentence; None: the same files, or no custom rule. Such a run's
-    record would name code that did not run, so the job fails."""
-    hashed = ((summary.get("identity") or {}).get("sources")) or {}
-    ran = summary.get("custom_sources_ran") or {}
-    differing = [name for name in sorted(hashed) if name in ran and ran[name] != hashed[name]]
-    if not differing:
-        return None
-    return (
-        f"custom.fn's code changed between the launcher's check and the ranks' import: {', '.join(differing)} "
-        f"(sha256 {hashed[differing[0]][:12]} before launch, {ran[differing[0]][:12]} in the ranks); the ranks "
-        "ran code that this run's identity does not name. Rerun it once the file is as you mean it"
     )
 
 
