@@ -48,7 +48,8 @@ def test_a_rule_edited_while_its_sweep_runs_fails_the_jobs_that_imported_the_edi
             "-m",
             "reduction=custom",
             "custom.fn=edited_rule:token_sum_over_n",
-            "train.steps=6,7",
+            "train.steps=40,4",  # job 0 long enough to be running when the file changes
+            "metrics.gather_every=1",  # its metrics.jsonl written from step 1: its ranks imported the rule
             "wandb.mode=disabled",
             "hydra.sweep.dir=sweep",
         ],
@@ -59,13 +60,14 @@ def test_a_rule_edited_while_its_sweep_runs_fails_the_jobs_that_imported_the_edi
     )
     deadline = time.time() + 240
     first_metrics = None
-    while first_metrics is None and time.time() < deadline:  # job 0's ranks have imported the rule
+    while first_metrics is None and time.time() < deadline:  # job 0's ranks have imported the rule, job 1's not
         found = [p for p in (tmp_path / "sweep").glob("0_*/metrics.jsonl") if p.read_text().strip()]
         first_metrics = found[0] if found else None
         time.sleep(0.2)
     assert first_metrics is not None
     time.sleep(1.5)  # a later mtime, as a person's edit has (the byte-code cache goes by mtime and size)
     rule.write_text(RULE.format(version=2, factor="2.0"))
+    assert "status" not in json.loads((first_metrics.parent / "summary.json").read_text())  # job 0 still runs
     output, _ = sweep.communicate(timeout=300)
     summaries = {
         int(p.parent.name.split("_")[0]): json.loads(p.read_text())
