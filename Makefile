@@ -77,7 +77,7 @@ setup-verl: setup
 RUN_DIR := multirun/$(shell date +%Y-%m-%d_%H-%M-%S)
 run: setup
 	-$(PY) -m runner -m $(ARGS) hydra.sweep.dir=$(RUN_DIR)
-	-$(PY) -m runner experiment=cost $$($(PY) -m runner.sweep.overrides $(ARGS)) hydra.run.dir=$(RUN_DIR)/cost
+	-$(PY) -m runner experiment=cost $$($(PY) -m runner.sweep.cost_overrides $(ARGS)) hydra.run.dir=$(RUN_DIR)/cost
 	$(PY) -m analysis $(RUN_DIR)
 	@echo "results: $(RUN_DIR)  (report: analysis/report.md; upload the W&B runs: make sync)"
 

@@ -19,7 +19,8 @@ from schema_values import another_value, leaves
 from runner.config import RunConfig, register_configs
 from runner.ranges import value_at
 from runner.sweep.admission import Admitted, admit
-from runner.sweep.overrides import CONF, cost_job_overrides
+from runner.sweep.cost_overrides import cost_job_overrides
+from runner.sweep.overrides import CONF
 
 pytestmark = pytest.mark.slow
 MACHINE = {"cuda_devices": 0, "cpu_cores": 2}
@@ -64,7 +65,9 @@ def test_the_cost_job_gets_what_it_accepts_and_leaves_out_only_what_it_refuses()
 
 
 def test_make_run_says_what_the_cost_job_left_out(tmp_path):
-    done = run_module("runner.sweep.overrides", ["train.steps=5", "optim.lr=1e-3", "reduction=sum,local"], tmp_path)
+    done = run_module(
+        "runner.sweep.cost_overrides", ["train.steps=5", "optim.lr=1e-3", "reduction=sum,local"], tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["optim.lr=1e-3"]
     assert "the cost job leaves out train.steps=5 (cost.warmup_steps=5 must be < train.steps=5)" in done.stderr
