@@ -6,19 +6,25 @@ PY := $(VENV)/bin/python
 # The CPU wheel by default (it lies on the dev machines' disk); GPU users:
 #   make setup TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
+# Without a folder of wheels, the default spec comes from PyTorch's CPU index (the package index's Linux torch is
+# the CUDA build, several GB); a TORCH_SPEC of your own is installed as you give it.
+DEFAULT_TORCH_INDEX := $(if $(filter file,$(origin TORCH_SPEC)),--index-url https://download.pytorch.org/whl/cpu)
 STAMP := $(VENV)/.installed
 # uv installs from the same package index as pip, several times faster. torch goes through uv only where pip
 # is configured with find-links (a folder of wheels, such as the CPU build lying on disk), which uv is then
 # given; elsewhere pip installs it, as pip would have.
 UV = $(VENV)/bin/uv pip install --quiet --python $(PY)
-SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml 2>/dev/null | cksum)
+# Every version but torch's is pinned by requirements.lock (`make lock` writes it), given to each install as
+# constraints: an install takes from it only what it needs, and CI and a new user get the same versions.
+LOCK := requirements.lock
+SETUP_KEY := $(TORCH_SPEC) $(shell cat pyproject.toml $(LOCK) 2>/dev/null | cksum)
 ARGS ?=
 # uv does not byte-compile what it installs (pip does, at several times the install time). Where the
 # environment sets PYTHONDONTWRITEBYTECODE, every process (each rank of each job) would then compile
 # torch's modules again at import: ~3 s a rank. Unset here, the first import writes them once.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-trainers setup-verl run test test-fast analyze bench sync clean
+.PHONY: setup setup-trainers setup-verl lock run test test-fast analyze bench sync clean
 
 setup:
 	@if [ -x "$(PY)" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$(SETUP_KEY)" ]; then \
@@ -31,9 +37,9 @@ setup:
 		if [ -n "$$links" ]; then \
 			$(UV) $$(for l in $$links; do printf -- '--find-links %s ' "$$l"; done) $(TORCH_SPEC); \
 		else \
-			$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC); \
+			$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_SPEC) $(DEFAULT_TORCH_INDEX); \
 		fi; \
-		$(UV) -e ".[dev]"; \
+		$(UV) -c $(LOCK) -e ".[dev]"; \
 		echo "$(SETUP_KEY)" > $(STAMP); \
 	fi
 
@@ -48,7 +54,7 @@ setup-trainers: setup
 	else \
 		set -e; \
 		torch_version="$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch"))')"; \
-		$(UV) -e ".[dev,trainers]" "torch==$$torch_version"; \
+		$(UV) -c $(LOCK) -e ".[dev,trainers]" "torch==$$torch_version"; \
 		$(VENV)/bin/uv pip check --python $(PY); \
 		echo "$(SETUP_KEY)" > $(TRAINERS_STAMP); \
 	fi
@@ -68,6 +74,22 @@ setup-verl: setup
 		$(PY) -c "from verl.trainer.ppo.core_algos import agg_loss"; \
 		echo "$(SETUP_KEY)" > $(VERL_STAMP); \
 	fi
+
+# Resolve every dependency of pyproject.toml (all extras but verl's) anew and write requirements.lock: run it
+# after changing a dependency, and commit the lock. Resolved for CPython 3.11 on Linux x86-64 against the CPU
+# build of the installed torch (torch itself is left out: TORCH_SPEC installs it, so a CUDA build brings its own
+# CUDA packages); the CPU build comes from pip's find-links where configured, else from PyTorch's CPU index.
+lock: setup
+	@set -e; \
+	torch_version="$$($(PY) -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])')"; \
+	echo "torch==$$torch_version+cpu" > $(VENV)/torch-cpu.txt; \
+	links="$${PIP_FIND_LINKS:-$$($(PY) -m pip config get global.find-links 2>/dev/null || true)}"; \
+	if [ -n "$$links" ]; then source="$$(for l in $$links; do printf -- '--find-links %s ' "$$l"; done)"; \
+	else source="--extra-index-url https://download.pytorch.org/whl/cpu"; fi; \
+	$(VENV)/bin/uv pip compile --quiet pyproject.toml --extra dev --extra trainers --python-version 3.11 \
+		$$source -c $(VENV)/torch-cpu.txt --no-emit-package torch --no-emit-find-links --no-emit-index-url \
+		--custom-compile-command "make lock" -o $(LOCK); \
+	echo "lock: $$(grep -c '==' $(LOCK)) pins in $(LOCK)"
 
 # The sweep, the interleaved cost measurement into the same sweep directory,
 # then their analysis. ARGS are the sweep's overrides (`make run ARGS="model=small
