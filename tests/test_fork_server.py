@@ -128,16 +128,20 @@ def test_without_the_server_ranks_start_as_fresh_interpreters(tmp_path, monkeypa
 
 def test_the_server_ends_with_its_launcher(tmp_path):
     script = (
-        "import os, sys\n"
+        "import os, sys, time\n"
         "from runner.sweep import forked\n"
-        "rank = forked.start_rank('this_module_does_not_exist', [], dict(os.environ), __import__('pathlib').Path(sys.argv[1]))\n"
-        "print(forked._server._process.pid, flush=True)\n"
+        "log = __import__('pathlib').Path(sys.argv[1])\n"
+        "rank = forked.start_rank('this_module_does_not_exist', [], dict(os.environ), log)\n"
+        "print(forked._server._process.pid, rank is not None, flush=True)\n"
+        "while rank.poll() is None:\n"  # the rank has run (and failed) before the launcher goes
+        "    time.sleep(0.05)\n"
         "os._exit(0)\n"  # no clean-up: the server must notice the closed pipe by itself
     )
     done = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "log")], capture_output=True, text=True, timeout=180
     )
-    server_pid = int(done.stdout.split()[0])
+    server_pid, was_forked = int(done.stdout.split()[0]), done.stdout.split()[1]
+    assert was_forked == "True", done.stderr
     log = tmp_path / "log"
     deadline = time.time() + 60
     while (running(server_pid) or "No module named" not in log.read_text()) and time.time() < deadline:
