@@ -64,8 +64,17 @@ COLUMNS = [
     "peer_skew_ms_median",
     "step_time_vs_local_uncontrolled",
 ]
-# Config keys outside the comparison group that still change a run's step time.
-COST_KEYS = ("metrics.count_comm", "metrics.count_first", "metrics.count_every", "metrics.gather_every")
+# Config keys outside the comparison group (runner.trajectory) that still change a run's step time: counting
+# and gathering, checkpoints written, W&B logging.
+COST_KEYS = (
+    "metrics.count_comm",
+    "metrics.count_first",
+    "metrics.count_every",
+    "metrics.gather_every",
+    "train.checkpoint_every",
+    "wandb.mode",
+    "wandb.log_every",
+)
 
 
 def _averaging(codes: np.ndarray, n_keys: int, member: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

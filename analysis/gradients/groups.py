@@ -8,7 +8,7 @@
   (`runner.modes.run_gradient`), its `fsdp_reduction` and the one sentence
   about its differentiable all-reduce (`all_reduce`, where it has one).
 - A comparison group: runs whose configs are identical except the mode's keys
-  (and keys that cannot change the trajectory, `NOT_EXPERIMENT`). Its
+  (and keys that cannot change the trajectory, `runner.trajectory.OUTSIDE_TRAJECTORY`). Its
   reference is its `sum` run: the one with funcol's SUM-backward all-reduce,
   the implementation checked against the single-process reference.
 - A family: runs identical except the reduction and the parallel layout
@@ -31,15 +31,14 @@ from analysis.load.mode_labels import label_modes
 from analysis.load.sweeps import RUN_COLUMNS
 from runner.layout import ParallelLayout
 from runner.modes import MODE_KEYS
+from runner.trajectory import outside_trajectory
 
 LAYOUT = ["world_size", "sp", "grad_accum", "dp_replicate"]
-# Keys that do not change a run's trajectory: how long, how often it prints,
-# where and whether it logs, the kill timeout, whether collectives are counted.
-NOT_EXPERIMENT = ("train.steps", "train.log_every", "timeout_s", "metrics.count_comm", "wandb.")
 
 
 def config_columns(runs: pd.DataFrame) -> list[str]:
-    return [c for c in runs.columns if c not in RUN_COLUMNS and not c.startswith(NOT_EXPERIMENT)]
+    """The config keys of `runs` that can change a trajectory (`runner.trajectory`)."""
+    return [c for c in runs.columns if c not in RUN_COLUMNS and not outside_trajectory(c)]
 
 
 def _key(runs: pd.DataFrame, columns: list[str]) -> pd.Series:
