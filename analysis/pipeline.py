@@ -188,7 +188,7 @@ def _analyze(
         answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
     extras = (
         bugs_answer(bugs) if len(bugs) else "",
-        rfc_answer(table, comm),
+        rfc_answer(table, runs),
         "\n".join(trainer_sentences(trainers)),
     )
     for extra in extras:

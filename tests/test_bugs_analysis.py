@@ -10,11 +10,12 @@ import pytest
 from analysis.__main__ import main
 from analysis.bugs.table import REPRODUCED_BY, SHOWN_AS
 from analysis.pipeline import analyze
-from analysis.testing.synthetic import known_bug_runs, write_sweep
+from analysis.testing.synthetic import SyntheticRun, known_bug_runs, write_sweep
 from runner.config import Evidence
 
 
 def analysed(tmp_path, runs):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     sweep = write_sweep(tmp_path / "sweep", runs)
     return sweep, analyze([sweep], tmp_path / "out", make_plots=False, wandb_mode="disabled")
 
@@ -173,3 +174,23 @@ def test_a_bug_shown_on_weaker_evidence_passes_check_under_its_own_name(tmp_path
     assert answer.endswith(
         "Yes: all 3 bugs showed as stated, each fix grad L (1 reproduced, 1 shown (paraphrase), 1 constructed)."
     )
+
+
+def test_a_bug_arm_never_answers_the_rfc_nor_reads_as_nothing_compared(tmp_path):
+    # The buggy arm divides by 2 at W=2 without an all-reduce in the graph: the local loss's signature, but not
+    # the local loss (Ulysses SP's 1/sp at W = sp). Beside it, the runner's own `local` answers the RFC.
+    bug_only, _ = analysed(tmp_path / "alone", known_bug_runs("halved", expect="1/2", buggy_factor=0.5))
+    report = (tmp_path / "alone" / "out" / "report.md").read_text()
+    answer = report.split("## Answer\n\n", 1)[1]
+    assert answer.startswith("Of the runner's own modes only the reference ran here; 2 runs of other rules (")
+    assert "No run here could be compared" not in report and "**The RFC**" not in report
+
+    runs = known_bug_runs("halved", expect="1/2", buggy_factor=0.5) + [
+        SyntheticRun("sum"),
+        SyntheticRun("local", factor=0.5),
+    ]
+    analysed(tmp_path / "beside", runs)
+    report = (tmp_path / "beside" / "out" / "report.md").read_text()
+    point_1 = report.split("1. Can FSDP train with the local loss alone? ", 1)[1].split("\n", 1)[0]
+    assert point_1.startswith("Yes, but its gradient is grad L / W, not grad L: `local` (no all-reduce"), point_1
+    assert "halved" not in report.split("**The RFC**", 1)[1].split("\n\n", 2)[1]

@@ -15,6 +15,9 @@ from analysis.report.trainers import trainers_answer
 from analysis.trainers.table import is_trainer
 from runner.modes import OVER_W, label_order, modes_where
 
+# Verdicts of runs that were not compared with a baseline.
+NOT_COMPARED = ("reference", "no reference", "failed", "not run")
+
 
 def _departure(rows: pd.DataFrame) -> str:
     """Where these runs' loss curves leave the baseline's tolerance ("departs from step 12"), in words that
@@ -173,13 +176,17 @@ def headline(verdicts: pd.DataFrame, trainers: pd.DataFrame | None = None) -> st
     another one, over the runs compared with a baseline; the trainers' answer (`trainers_answer`) after it, or
     alone where only trainers' rules were compared."""
     with_trainers = trainers is not None and is_trainer(trainers["reduction"]).any()
-    compared = verdicts[
-        ~verdicts["verdict"].isin(["reference", "no reference", "failed", "not run"])
-        & ~is_trainer(verdicts["reduction"])
-    ]
+    compared = verdicts[~verdicts["verdict"].isin(NOT_COMPARED) & ~is_trainer(verdicts["reduction"])]
     if compared.empty:
         if with_trainers:
             return trainers_answer(trainers)
+        rules = verdicts[~verdicts["verdict"].isin(NOT_COMPARED) & is_trainer(verdicts["reduction"])]
+        if len(rules):  # a known bug's arms, or rules of the user's own, beside their reference
+            return (
+                f"Of the runner's own modes only the reference ran here; {count(len(rules), 'run')} of other rules "
+                f"({listed([f'`{label}`' for label in sorted(set(rules['reduction']))])}) "
+                f"{'was' if len(rules) == 1 else 'were'} compared with it (below)."
+            )
         return "No run here could be compared with a baseline (the verdicts below say why)."
     phrases: dict[str, list[str]] = {}
     for mode in sorted(set(compared["reduction"]), key=label_order):

@@ -15,7 +15,10 @@ what would show it), then the numbers.
    second reduction of the gradient. Without the CE all-reduce that mean logs L / W (the runs' reported
    loss over L), so a trainer that drops it must change its logging too.
 
-Only what the runs show is stated (completed, compared, W > 1), with their numbers.
+Only what the runs show is stated (completed, compared, W > 1), with their numbers, and only from runs that
+answer the RFC's question: the runner's own modes and the trainers' rules as their presets run them
+(`custom.fn` under `runner.trainers`). A known bug's arms are left out (upstream code before a fix: Ulysses
+SP's division by sp gives 1/W at W = sp without being the local loss), and so is a user's own rule.
 """
 
 from __future__ import annotations
@@ -154,8 +157,19 @@ def _point_logging(compared: pd.DataFrame) -> str:
     return text + ". A trainer that drops the CE all-reduce must change its logging too."
 
 
-def rfc_answer(table: pd.DataFrame, comm: pd.DataFrame | None = None) -> str:
-    """The three points (empty when the runs show none of them: no run at W > 1 was compared)."""
+def answers_the_rfc(runs: pd.DataFrame) -> pd.Series:
+    """Whether each run may answer the RFC: a runner mode or a trainer preset's rule, not a known bug's arm."""
+    missing = pd.Series(None, index=runs.index, dtype=object)
+    fn = runs.get("custom.fn", missing)
+    bug_arm = runs.get("known_bug.name", missing).notna() & fn.notna()
+    trainer_rule = fn.astype(str).str.startswith("runner.trainers.")
+    return (fn.isna() | trainer_rule) & ~bug_arm
+
+
+def rfc_answer(table: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """The three points (empty when the runs show none of them: no run at W > 1 that answers the RFC was
+    compared). `table` is the verdicts table, a row per run of `runs`."""
+    table = table[table["run"].isin(runs.loc[answers_the_rfc(runs), "run"])]
     compared = table[
         ~table["verdict"].isin(["reference", "no reference", "failed", "not run"]) & (table["world_size"] > 1)
     ]
