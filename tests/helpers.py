@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -82,3 +83,58 @@ def step_one_through_parts(cfg: RunConfig, meshes, with_reducer: bool = False):
     reducer = parts.reducer(cfg.reduction)
     step = forward_backward(parts.model, parts.local_share(parts.batches(1)), reducer, parts.device)
     return (step, parts, reducer) if with_reducer else (step, parts)
+
+
+@dataclass(frozen=True)
+class CliVerdict:
+    """What `python -m runner ARGS` (a single run, no `-m`) ends with before any rank starts, found in-process."""
+
+    code: int  # the exit status: EXIT_INVALID when refused before launch, 0 when the job would start
+    message: str  # what it prints about the refusal ("" when admitted)
+    status: str | None  # the job folder's summary.json status it writes ("invalid", "skipped"), None if it writes none
+
+
+def cli_verdict(args: list[str]) -> CliVerdict:
+    """The verdict of `python -m runner *args` (single-run mode), by the CLI's own steps without its subprocess:
+    runner/__main__.py's `quote_home_paths` and `override_problems`; Hydra's composition of conf/config.yaml with
+    the runner's schema (`register_configs`), whose errors it prints as `hydra.main` does and turns into
+    EXIT_INVALID as `runner.__main__._main` does; then `runner.sweep.job`'s `admit` (sweeping=False, this
+    machine, Hydra's trainer choice) and `machine_shortfall` (a valid job this machine cannot run)."""
+    import copy
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import CompactHydraException, HydraException
+    from omegaconf import open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runner.config import register_configs
+    from runner.sweep.admission import Refused, admit
+    from runner.sweep.machine import machine_shortfall, usable_cpu_cores, visible_cuda_devices
+    from runner.sweep.overrides import CONF, override_problems, quote_home_paths
+    from runner.sweep.validate import EXIT_INVALID, InvalidConfig
+
+    args = quote_home_paths(args)
+    problems = override_problems(args)
+    if problems:
+        return CliVerdict(EXIT_INVALID, f"runner: {InvalidConfig(problems)}", None)
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        try:
+            cfg = compose("config", args, return_hydra_config=True)
+        except (HydraException, OmegaConfBaseException) as error:  # printed as hydra's run_and_report does
+            message = str(error)
+            if isinstance(error, CompactHydraException) and isinstance(error.__cause__, OmegaConfBaseException):
+                message += f"\n{error.__cause__}"
+            return CliVerdict(EXIT_INVALID, message, None)
+    trainer = cfg.hydra.runtime.choices.get("trainer")
+    task = copy.deepcopy(cfg)  # the task config Hydra passes to the job: its own key removed
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    machine = {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
+    verdict = admit(task, machine=machine, sweeping=False, trainer=trainer)
+    if isinstance(verdict, Refused):
+        return CliVerdict(EXIT_INVALID, str(InvalidConfig(verdict.problems)), "invalid")
+    shortfall = machine_shortfall(verdict.cfg, machine["cuda_devices"])
+    if shortfall:
+        return CliVerdict(EXIT_INVALID, f"refused: {shortfall}", "skipped")
+    return CliVerdict(0, "", None)

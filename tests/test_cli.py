@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import run_module
+from helpers import cli_verdict, run_module
 
 from runner.modes import MODES
 
@@ -36,13 +36,13 @@ def output(done: subprocess.CompletedProcess) -> str:
         (["reductions=sum"], "reductions", "did you mean reduction"),
     ],
 )
-def test_bad_input_is_refused_before_any_rank_with_the_field_named(tmp_path, args, field, says):
-    """The examples of a newcomer's first hour (tests/test_refusals.py holds one of each kind)."""
-    done = run_module("runner", [*args, *QUICK, "hydra.run.dir=run"], tmp_path)
-    assert done.returncode == 2, output(done)
-    assert field in output(done) and says in output(done), output(done)
-    assert "Traceback" not in output(done)
-    assert not (tmp_path / "run" / "logs").exists()  # no rank started
+def test_bad_input_is_refused_before_any_rank_with_the_field_named(args, field, says):
+    """The examples of a newcomer's first hour (tests/test_refusals.py holds one of each kind), through the CLI's
+    steps before any rank in-process (`cli_verdict`; tests/test_refusals.py launches each way it refuses)."""
+    verdict = cli_verdict([*args, *QUICK])
+    assert verdict.code == 2, verdict.message
+    assert field in verdict.message and says in verdict.message, verdict.message
+    assert "Traceback" not in verdict.message
 
 
 def test_home_paths_expand_and_binary_text_is_refused_with_its_offset(tmp_path):

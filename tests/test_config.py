@@ -1,6 +1,6 @@
 """Config composition through Hydra's compose API: accepted override lists and rejected ones.
 
-The kinds of bad input docs/command-line.md lists are real runs in tests/test_refusals.py;
+The kinds of bad input docs/command-line.md lists are the cases of tests/test_refusals.py;
 these are the further rules, checked in-process.
 """
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import cli_verdict
 
 SECRET = "local-5ec7e7-0123456789abcdef0123456789abcdef01"
 GRAD_ACCUM = 2  # set by the default experiment
@@ -206,12 +207,11 @@ def test_failed_and_invalid_jobs_do_not_stop_the_sweep(tmp_path):
     assert not list((tmp_path / "s").glob("*grad_accum=3*/logs"))  # no rank was started
 
 
-def test_invalid_single_run_fails_before_any_rank_starts(tmp_path):
-    done = run_runner(["sp=3", "hydra.run.dir=run"], cwd=tmp_path)
-    assert done.returncode == 2
-    assert "sp=3 does not divide world_size=2; valid sp: 1, 2" in done.stdout + done.stderr
-    assert summary(tmp_path / "run")["status"] == "invalid"
-    assert not (tmp_path / "run" / "logs").exists()
+def test_invalid_single_run_fails_before_any_rank_starts():
+    verdict = cli_verdict(["sp=3"])  # the CLI's steps before any rank, in-process (tests/test_refusals.py launches it)
+    assert verdict.code == 2
+    assert "sp=3 does not divide world_size=2; valid sp: 1, 2" in verdict.message
+    assert verdict.status == "invalid"
 
 
 def test_sweep_with_no_valid_job_stops_before_launching(tmp_path):

@@ -1,8 +1,10 @@
 """Every kind of bad input is refused before any rank starts: exit status 2, a message naming the field and a valid value.
 
-Each case is a real `python -m runner` single run. docs/command-line.md's table
-"Refused before launch" lists the same kinds (checked below), so the table
-stays true.
+Each case goes through the steps a `python -m runner` single run takes before it starts a rank, in-process
+(`tests.helpers.cli_verdict`: the override check, Hydra's composition, `admit`, the machine's shortfall), and
+a few cases, one for each way the CLI comes to refuse, are real `python -m runner` launches, so that the exit
+status and the message the user sees stay checked end to end. docs/command-line.md's table "Refused before
+launch" lists the same kinds (checked below), so the table stays true.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from runner.sweep.custom_check import check_all, forget_checked
 from runner.sweep.machine import CPU_RANKS_PER_CORE, machine_problems, usable_cpu_cores
 from runner.sweep.validate import EXIT_INVALID
-from tests.helpers import run_config, train_tokenizer
+from tests.helpers import cli_verdict, run_config, train_tokenizer
 
 REFUSALS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "command-line.md"
 OVERSUBSCRIBED = 2 * CPU_RANKS_PER_CORE * usable_cpu_cores()
+HAS_CUDA = any(Path("/dev").glob("nvidia[0-9]*"))
+USER_ENV_DROPS = ("WANDB_", "RANK", "WORLD_SIZE", "SLURM_")
 
 # (kind as README.md names it, overrides ({data} is a folder of test files), what the message must say)
 REFUSALS = [
@@ -218,16 +223,59 @@ def data_dir(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("kind, overrides, expected", REFUSALS, ids=[kind for kind, _, _ in REFUSALS])
-def test_refused_before_launch_with_exit_status_2(kind, overrides, expected, data_dir, tmp_path):
-    environ = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("WANDB_", "RANK", "WORLD_SIZE", "SLURM_"))
-    }
-    environ["HOME"] = str(tmp_path)  # no ~/.netrc holding a W&B key
-    if "device=cuda" in overrides and any(Path("/dev").glob("nvidia[0-9]*")):
+# The cases also launched as `python -m runner`: one for each way the CLI refuses before any rank starts.
+CLI_LAUNCHED = {
+    "unknown key": "runner/__main__.py's own check of the overrides' keys, before Hydra starts",
+    "wrong type": "Hydra's composition fails (its exit status 1, made 2 by runner/__main__.py)",
+    "data.path that does not exist": "the job's `admit` refuses it: summary.json records `invalid`",
+    "device=cuda without a CUDA device": "valid, but not on this machine: summary.json records `skipped`",
+}
+
+
+@pytest.fixture
+def user_env(monkeypatch, tmp_path):
+    """The environment of a user's shell: no W&B key (nor a ~/.netrc holding one), no launcher's rank variables."""
+    for key in list(os.environ):
+        if key.startswith(USER_ENV_DROPS):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def custom_fns_checked():
+    """Every custom.fn of the cases checked in one subprocess, as a sweep's preflight checks its callables
+    (`check_all`); the single runs' `admit` then answers from it. Forgotten after this file."""
+    check_all(
+        [arg.split("=", 1)[1] for _, overrides, _ in REFUSALS for arg in overrides if arg.startswith("custom.fn=")]
+    )
+    yield
+    forget_checked()
+
+
+def skip_cuda_case_on_a_cuda_machine(overrides: list[str]) -> None:
+    if "device=cuda" in overrides and HAS_CUDA:
         pytest.skip("this machine has a CUDA device")
+
+
+@pytest.mark.parametrize("kind, overrides, expected", REFUSALS, ids=[kind for kind, _, _ in REFUSALS])
+def test_refused_before_launch_with_exit_status_2(kind, overrides, expected, data_dir, user_env, custom_fns_checked):
+    skip_cuda_case_on_a_cuda_machine(overrides)
+    verdict = cli_verdict([arg.format(data=data_dir) for arg in overrides])
+    assert verdict.code == EXIT_INVALID, verdict.message
+    for text in expected:
+        assert text in verdict.message, verdict.message
+    if verdict.status is not None:  # composed, then refused by the runner's own rules
+        assert verdict.status == ("skipped" if kind.startswith("device=cuda") else "invalid")  # valid, but not here
+
+
+LAUNCHED = [case for case in REFUSALS if case[0] in CLI_LAUNCHED]
+
+
+@pytest.mark.parametrize("kind, overrides, expected", LAUNCHED, ids=[kind for kind, _, _ in LAUNCHED])
+def test_refused_by_a_real_launch_with_exit_status_2(kind, overrides, expected, data_dir, tmp_path):
+    skip_cuda_case_on_a_cuda_machine(overrides)
+    environ = {key: value for key, value in os.environ.items() if not key.startswith(USER_ENV_DROPS)}
+    environ["HOME"] = str(tmp_path)  # no ~/.netrc holding a W&B key
     args = [arg.format(data=data_dir) for arg in overrides]
     done = subprocess.run(
         [sys.executable, "-m", "runner", *args, "hydra.run.dir=run"],
@@ -245,6 +293,10 @@ def test_refused_before_launch_with_exit_status_2(kind, overrides, expected, dat
     if (tmp_path / "run" / "summary.json").exists():  # composed, then refused by the runner's own rules
         status = json.loads((tmp_path / "run" / "summary.json").read_text())["status"]
         assert status == ("skipped" if kind.startswith("device=cuda") else "invalid")  # valid, but not here
+
+
+def test_every_launched_case_is_a_case():
+    assert set(CLI_LAUNCHED) <= {kind for kind, _, _ in REFUSALS}
 
 
 def test_docs_list_every_refusal():
