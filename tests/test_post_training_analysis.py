@@ -183,3 +183,20 @@ def test_every_pair_of_units_is_judged_by_its_direction(tmp_path):
         assert row["as_declared"] == ((true_unit == row["paper_weighs"]) == (said_unit == row["paper_weighs"]))
         heavier = heavier_tokens(said_unit, row["paper_weighs"])
         assert row["heavier"] == heavier if heavier else pd.isna(row["heavier"])
+
+
+def test_an_invariance_verdict_says_which_axes_it_was_tested_on(tmp_path):
+    # A trimmed sweep that varies sp alone: bnpo-like (stated to change with dp and grad_accum) stays the same at
+    # w2_sp2, which says nothing of dp or grad_accum.
+    layouts = ["w1", "w2_sp2"]
+    runs = [SyntheticRun("sum", *PG_LAYOUTS[layout], steps=3, overrides={"objective.name": "pg"}) for layout in layouts]
+    runs += [pg_run("bnpo-like", layout, "token", "changes with dp, grad_accum") for layout in layouts]
+    result = analyze([write_sweep(tmp_path / "sweep", runs)], tmp_path / "out", make_plots=False, wandb_mode="disabled")
+    row = result.post_training.set_index("mode").loc["bnpo-like"]
+    assert bool(row["invariant"]) and row["axes_tested"] == "sp"
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert (
+        f"{QUESTION} Yes, all 2 are (over the axes this analysis varied: sp; dp and grad_accum not varied, so not "
+        "tested)." in report
+    )
+    assert "| yes, over sp |" in report

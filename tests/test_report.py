@@ -151,7 +151,8 @@ def test_the_answers_say_what_the_runs_were_built_to_show(reports):
 
     post_training = first_lines(reports["post training"].report.read_text())
     assert post_training["## Post-training aggregation"] == QUESTIONS["## Post-training aggregation"] + (
-        "No, 2 of 3 are (`sum`, `GRPO`); `bnpo` changes direction with dp."
+        "No, 2 of 3 are (`sum`, `GRPO`); `bnpo` changes direction with dp (over the axes this analysis varied: dp "
+        "and grad_accum; sp not varied, so not tested)."
     )
     assert post_training["## Answer"] == post_training["## Post-training aggregation"]  # a post-training sweep's first
     assert "## Post-training aggregation" not in reports["modes"].report.read_text()  # no objective=pg run there

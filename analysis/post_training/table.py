@@ -6,6 +6,8 @@ papers' objectives at W=1 (`papers.paper_table`):
   layout failed);
 - `changes`: where not, by what and in which axes ("another direction (cos 0.93) with dp; ×2 with sp");
 - `changes_with`: those axes;
+- `axes_tested`: the axes in which the compared layouts differ from W=1 grad_accum=1, so that `invariant` is
+  read as "over these" (a sweep of sp alone says nothing of dp or grad_accum);
 - one column per paper's objective: which tokens the mode weighs more than it, or that it weighs them alike;
 - `as_expected`: every layout as `custom.expect_layouts` states, every paper's comparison as `custom.weighs`
   states (NA: nothing stated).
@@ -33,11 +35,18 @@ def _changes(rows: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+AXES = ("dp", "sp", "grad_accum")
+
+
+def _axes_of(rows: pd.DataFrame) -> str:
+    """The axes named in `rows`' `axes` (dp, sp, grad_accum order)."""
+    axes = {axis for text in rows["axes"] for axis in str(text).split(", ") if axis}
+    return ", ".join(axis for axis in AXES if axis in axes)
+
+
 def _changes_with(rows: pd.DataFrame) -> str:
-    """The axes the gradient changes with: each axis of a layout that changed it (dp, sp, grad_accum order)."""
-    changed = rows[rows["verdict"].isin(["rescaled", "different"])]
-    axes = {axis for text in changed["axes"] for axis in text.split(", ") if axis}
-    return ", ".join(axis for axis in ("dp", "sp", "grad_accum") if axis in axes)
+    """The axes the gradient changes with: each axis of a layout that changed it."""
+    return _axes_of(rows[rows["verdict"].isin(["rescaled", "different"])])
 
 
 def _all_true(values: pd.Series):
@@ -60,6 +69,7 @@ def rl_table(layouts: pd.DataFrame, papers: pd.DataFrame) -> pd.DataFrame:
             "invariant": pd.NA if compared.empty else bool(compared["verdict"].isin(SAME).all()),
             "changes": _changes(runs),
             "changes_with": _changes_with(runs),
+            "axes_tested": _axes_of(compared),
             "expect_layouts": runs["expect_layouts"].iloc[0],
         }
         against = papers[(papers["family"] == family) & (papers["reduction"] == mode)]

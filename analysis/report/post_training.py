@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from analysis.post_training.table import AXES
 from analysis.report.markdown import count, listed, names, table
 
 QUESTION = (
@@ -27,8 +28,16 @@ def post_training_answer(rl: pd.DataFrame) -> str:
         return f"{QUESTION} Not measured: every mode ran at one layout (sweep layout=w1,w1_ga2,w2,w2_sp2)."
     invariant = compared.loc[compared["invariant"].astype(bool), "mode"].tolist()
     changing = compared[~compared["invariant"].astype(bool)]
+    varied = {axis for text in compared["axes_tested"] for axis in text.split(", ") if axis}
+    untested = [axis for axis in AXES if axis not in varied]
+    scope = (
+        f" (over the axes this analysis varied: {listed([a for a in AXES if a in varied])}; "
+        f"{listed(untested)} not varied, so not tested)"
+        if untested
+        else ""
+    )
     if changing.empty:
-        return f"{QUESTION} Yes, all {len(invariant)} are."
+        return f"{QUESTION} Yes, all {len(invariant)} are{scope}."
     kind = ["direction" if "direction" in text else "by a factor" for text in changing["changes"]]
     groups = changing.assign(kind=kind).groupby(["changes_with", "kind"], sort=False)
     changes = [
@@ -38,7 +47,7 @@ def post_training_answer(rl: pd.DataFrame) -> str:
     head = f"No, {len(invariant)} of {len(compared)} {'is' if len(invariant) == 1 else 'are'}" + (
         f" ({names(invariant)})" if invariant else ""
     )
-    return f"{QUESTION} {head}; {listed(changes)}."
+    return f"{QUESTION} {head}; {listed(changes)}{scope}."
 
 
 def _expectation_sentence(rl: pd.DataFrame) -> str:
@@ -57,9 +66,12 @@ def _expectation_sentence(rl: pd.DataFrame) -> str:
 def _shown(rl: pd.DataFrame) -> pd.DataFrame:
     shown = rl.drop(columns=["family", "reduction", "layouts", "changes_with"] if rl["family"].nunique() <= 1 else [])
     shown = shown.drop(columns=[c for c in ("reduction", "layouts", "changes_with") if c in shown])
+    tested = shown.pop("axes_tested")
     for column in [c for c in shown.columns if c.startswith("vs ")]:
         shown[column] = shown[column].fillna("(itself)")
-    shown["invariant"] = shown["invariant"].map(lambda v: "" if pd.isna(v) else "yes" if v else "no")
+    shown["invariant"] = [
+        "" if pd.isna(v) else f"yes, over {axes}" if v else "no" for v, axes in zip(shown["invariant"], tested)
+    ]
     shown["as_expected"] = shown["as_expected"].map(lambda v: "not stated" if pd.isna(v) else "yes" if v else "NO")
     return shown.rename(
         columns={
