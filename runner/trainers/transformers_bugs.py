@@ -6,7 +6,9 @@
   transformers 4.46.0 to 4.47.1 backpropagated that mean undivided (the Trainer leaves gradient
   accumulation to itself, not to accelerate), so the gradient is M x grad L; 4.47.1 also counted and
   passed `num_items_in_batch` for every model (PR #35121), so its logged loss is x M too (4.47.1
-  trainer.py L5125-5147 `get_batch_samples`, L3687-3691 `training_step`). The rule is the test PR #35207
+  trainer.py L5125-5147 `get_batch_samples`, L3687-3691 `training_step`), as was 4.46.0's and 4.46.1's
+  (4.46.2 to 4.47.0 log it divided by M; tests/test_release_parity.py runs each release's Trainer against
+  these arms). The rule is the test PR #35207
   added in 4.48.0 (divide by M only when `num_items_in_batch` is None, L3712-3713) with the count always
   passed: the state PR #35438 fixed in 4.48.1 by testing `model_accepts_loss_kwargs` instead
   (L3709-3710). Each shard backpropagates S_rsm / n_rsm, FSDP mean, so the gradient is
