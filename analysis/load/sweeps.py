@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from analysis.load.invocations import earlier_invocation_note, earlier_invocations
 from analysis.load.provenance import COLUMNS as PROVENANCE
 from analysis.load.provenance import provenance
 from runner.record.config_file import read_config
@@ -237,10 +238,17 @@ def _read_metrics(paths: list[Path]) -> list[pa.Table | None]:
 
 def distinct_jobs(sweeps: list[Path]) -> tuple[list[tuple[Path, Path]], list[str]]:
     """The jobs at `sweeps`, each once (a folder given twice, `s1 s1/`, or a job given beside its sweep), and a
-    note for each one given again."""
+    note for each one given again; a sweep's jobs of an earlier invocation into its folder are left out, with a
+    note (`analysis.load.invocations`)."""
     jobs, seen, notes = [], {}, []
     for sweep in sweeps:
-        for named, job in job_dirs(sweep):
+        found = job_dirs(sweep)
+        earlier = set(earlier_invocations(sweep, [job for named, job in found if named == sweep]))
+        if earlier:
+            notes.append(earlier_invocation_note(sweep, sorted(earlier)))
+        for named, job in found:
+            if job in earlier:
+                continue
             key = job.resolve()
             if key in seen:
                 notes.append(f"{job} was given twice (also as {seen[key]}): analysed once")

@@ -46,7 +46,11 @@ def write_report(
     notes: list[str] | None = None,
 ) -> Path:
     """report.md: the title, `answer`, the training sections in `body`, the cost section and the plots."""
-    sections = [f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}", "", answer, *body]
+    sections = [f"# Loss-reduction ablation: {', '.join(s.name for s in sweeps)}", "", answer]
+    left_out = [note for note in notes or [] if "cost job" not in note]  # the cost section says those
+    if left_out:
+        sections += ["", "Left out of this analysis: " + "; ".join(left_out) + "."]
+    sections += body
     sections += cost_section(cost, floor, sweeps, notes)
     if plots:
         captions = {figure.file: figure.caption for figure in CURVE_FIGURES} | {
