@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,10 +19,20 @@ import pytest
 
 from runner.sweep import forked
 from runner.sweep.spawn import run_world
+from runner.world import import_env
 
 PROBE = """
 import json, os, sys, time
 job_dir = sys.argv[1]
+torch_imported_before = "torch" in sys.modules
+if os.environ.get("PROBE_IMPORT"):
+    import numpy, torch
+def running(pid):  # ended and not yet reaped counts as ended
+    return os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+claims = os.path.join(job_dir, f"claims{os.environ['RANK']}")  # every process that ran as this rank
+earlier = [int(pid) for pid in open(claims).read().split()] if os.path.exists(claims) else []
+with open(claims, "a") as out:
+    out.write(f"{os.getpid()}\\n")
 report = {
     "argv": sys.argv[1:],
     "cwd": os.getcwd(),
@@ -30,7 +41,13 @@ report = {
     "rank": os.environ.get("RANK"),
     "version": VERSION,
     "title": open(f"/proc/{os.getpid()}/cmdline").read().replace("\\0", " ").strip(),
-    "torch_imported_before": "torch" in sys.modules,
+    "torch_imported_before": torch_imported_before,
+    "environ": dict(e.split("=", 1) for e in open(f"/proc/{os.getpid()}/environ").read().split("\\0") if e),
+    "pid": os.getpid(),
+    "threads": len(os.listdir("/proc/self/task")),
+    "torch_threads": torch.get_num_threads() if os.environ.get("PROBE_IMPORT") else None,
+    "hash": hash("probe"),
+    "earlier_running": [pid for pid in earlier if running(pid)],
 }
 with open(os.path.join(job_dir, f"probe{os.environ['RANK']}.json"), "w") as out:
     json.dump(report, out)
@@ -52,6 +69,7 @@ def probe_env(tmp_path, monkeypatch):
     write_probe(code, 1)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     monkeypatch.setenv("PROBE_MARKER", "seen")
+    monkeypatch.setenv("RUNNER_FORK_SERVER", "1")
     monkeypatch.chdir(tmp_path)
     return code
 
@@ -65,12 +83,18 @@ def run_probe(job_dir: Path, world_size: int = 2, fork: bool = True, monkeypatch
 
 
 def comparable(report: dict) -> dict:
-    # --spawned-at differs between the two launches
+    # Differ: --spawned-at, the rendezvous folder, RUNNER_FORK_SERVER; the pid, the hash seed (where not set); the
+    # threads unless the probe imported numpy and torch (a forked rank has the preload's, and their BLAS threads)
+    environ = {k: v for k, v in report["environ"].items() if k not in ("RUNNER_RENDEZVOUS_FILE", "RUNNER_FORK_SERVER")}
     return {
         **report,
         "argv": report["argv"][:-1],
         "title": report["title"].rsplit(" ", 1)[0],
         "torch_imported_before": None,
+        "environ": environ,
+        "pid": None,
+        "hash": None,
+        "threads": report["threads"] if report["torch_threads"] is not None else None,
     }
 
 
@@ -107,17 +131,13 @@ def test_exit_codes_and_signals_come_back_as_subprocess_gives_them(tmp_path, pro
     assert outcome.returncodes == [3]
     monkeypatch.setenv("PROBE_EXIT", "0")
     monkeypatch.setenv("PROBE_SLEEP", "60")
-    monkeypatch.setenv("RUNNER_FORK_SERVER", "1")
     job = tmp_path / "killed"
     (job / "logs").mkdir(parents=True)
     rank = forked.start_rank("probe_rank", [str(job)], dict(os.environ, RANK="0"), job / "logs" / "rank0.log")
     assert rank is not None
-    deadline = time.time() + 60
-    while not (job / "probe0.json").exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: (job / "probe0.json").exists())
     rank.send_signal(signal.SIGTERM)
-    while rank.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: rank.poll() is not None)
     assert rank.poll() == -signal.SIGTERM
 
 
@@ -143,18 +163,19 @@ def test_the_server_ends_with_its_launcher(tmp_path):
     server_pid, was_forked = int(done.stdout.split()[0]), done.stdout.split()[1]
     assert was_forked == "True", done.stderr
     log = tmp_path / "log"
-    deadline = time.time() + 60
-    while (running(server_pid) or "No module named" not in log.read_text()) and time.time() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not running(server_pid) and "No module named" in log.read_text())
     assert not running(server_pid)
     assert "No module named this_module_does_not_exist" in log.read_text()
 
 
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+def wait_until(done, timeout_s: float = 60) -> bool:
+    deadline = time.time() + timeout_s
+    while not done() and time.time() < deadline:
+        time.sleep(0.02)
+    return done()
+
+
+running = forked._running
 
 
 def test_a_launcher_that_needs_no_rank_leaves_no_server_and_no_traceback(tmp_path):
@@ -162,9 +183,116 @@ def test_a_launcher_that_needs_no_rank_leaves_no_server_and_no_traceback(tmp_pat
     script = "import os\nfrom runner.sweep import forked\nprint(forked.prestart()._process.pid, flush=True)\n"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
     server_pid = int(done.stdout.split()[0])
-    deadline = time.time() + 60
-    while running(server_pid) and time.time() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not running(server_pid))
     time.sleep(0.5)  # whatever it would print on its way out
     assert not running(server_pid)
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def ready_server(server=None):
+    """The launcher's server (or `server`), its preload done and no child of an earlier test left to report."""
+    server = server or forked.prestart()
+    with server._changed:
+        server._changed.wait_for(lambda: server._ready, 180)
+    wait_until(lambda: not forked._children_of(server._process.pid))
+    return server
+
+
+def inject(server, data: bytes) -> None:
+    """Write `data` into the pipe the server replies on, as a stray print of the server would."""
+    pipe = f"pipe:[{os.fstat(server._process.stdout.fileno()).st_ino}]"
+    fd = next(f for f in Path(f"/proc/{server._process.pid}/fd").iterdir() if os.readlink(f) == pipe)
+    with open(fd, "wb", buffering=0) as out:
+        out.write(data)
+
+
+def test_a_stray_line_on_the_reply_pipe_is_noted_and_skipped(tmp_path, probe_env, monkeypatch, capfd):
+    server = ready_server()
+    inject(server, b"not a reply\n[1, 2]\n")
+    outcome, reports = run_probe(tmp_path / "after", monkeypatch=monkeypatch)
+    assert outcome.returncodes == [0, 0] and outcome.wall_s < forked._REPLY_TIMEOUT_S
+    assert all(report["torch_imported_before"] for report in reports)  # forked, by that same server
+    assert forked._server is server and server.alive()
+    assert capfd.readouterr().err.count("not a reply, skipped") == 2
+
+
+def test_an_unanswered_request_has_its_child_killed_before_the_rank_starts_afresh(tmp_path, probe_env, monkeypatch):
+    monkeypatch.setenv("PROBE_SLEEP", "4")  # longer than the wait for the reply
+    monkeypatch.setattr(forked, "_REPLY_TIMEOUT_S", 2.0)
+    server = ready_server()
+    inject(server, b'{"lost": ')  # the server's next reply, the pid forked for the request, joins this line
+    outcome, [report] = run_probe(tmp_path / "lost", world_size=1, monkeypatch=monkeypatch)
+    first, second = map(int, (tmp_path / "lost" / "claims0").read_text().split())
+    assert outcome.returncodes == [0] and report["pid"] == second and not report["torch_imported_before"]
+    assert report["earlier_running"] == []  # the forked one was gone before the fresh one started
+    assert not running(first) and forked._server is server and server.alive()
+
+
+def test_a_server_deaf_to_a_cancel_is_killed_with_its_children_and_retired(tmp_path, probe_env, monkeypatch):
+    monkeypatch.setattr(forked, "_REPLY_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(forked, "_CANCEL_TIMEOUT_S", 2.0)
+    server = ready_server(forked.ForkServer())
+    inject(server, b'{"lost": ')
+    claimed = tmp_path / "claims0"  # once its child runs, the server answers nothing
+    threading.Thread(target=lambda: wait_until(claimed.exists) and os.kill(server._process.pid, signal.SIGSTOP)).start()
+    env = dict(os.environ, RANK="0", PROBE_SLEEP="60")
+    assert server.start("probe_rank", [str(tmp_path)], env, tmp_path / "log") is None
+    [child] = map(int, (tmp_path / "claims0").read_text().split())
+    assert not running(child) and server._process.poll() == -signal.SIGKILL and server.retired
+    assert server.start("probe_rank", [str(tmp_path)], env, tmp_path / "log") is None
+
+
+def test_the_server_forks_with_one_thread_and_a_rank_has_the_threads_of_a_fresh_one(tmp_path, probe_env, monkeypatch):
+    monkeypatch.setenv("PROBE_IMPORT", "1")  # numpy and torch, with their thread pools
+    server = ready_server(forked.ForkServer())  # before its first fork (whose preparation ends BLAS threads)
+    threads = len(os.listdir(f"/proc/{server._process.pid}/task"))
+    server.close()
+    assert threads == 1
+    _, [fresh] = run_probe(tmp_path / "fresh", world_size=1, fork=False, monkeypatch=monkeypatch)
+    _, [child] = run_probe(tmp_path / "forked", world_size=1, fork=True, monkeypatch=monkeypatch)
+    assert child["torch_imported_before"] and not fresh["torch_imported_before"]
+    assert (child["threads"], child["torch_threads"]) == (fresh["threads"], fresh["torch_threads"])
+
+
+def test_a_rank_whose_import_time_environment_differs_from_the_servers_starts_afresh(tmp_path, probe_env):
+    log, base = tmp_path / "log", dict(ready_server().env, RANK="0")
+    for name in [prefix + "RUNNER_PROBE" for prefix in import_env.PREFIXES] + sorted(import_env.NAMES):
+        assert forked.start_rank("probe_rank", [str(tmp_path)], {**base, name: "changed"}, log) is None, name
+    for name in [name for name in base if import_env.read_at_import(name)]:
+        assert (
+            forked.start_rank("probe_rank", [str(tmp_path)], {k: v for k, v in base.items() if k != name}, log) is None
+        )
+    # what the child makes of itself, and what nothing reads at import, may differ
+    path = os.pathsep.join([base["PYTHONPATH"], str(tmp_path)])
+    same = {**base, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1", "PROBE_MARKER": "x"}
+    rank = forked.start_rank("probe_rank", [str(tmp_path)], same, log)
+    assert wait_until(lambda: rank.poll() is not None) and rank.poll() == 0
+
+
+def test_omp_threads_and_hash_seed_set_after_the_server_started_are_honoured(tmp_path, probe_env, monkeypatch):
+    ready_server()  # started before, as for a sweep's earlier job
+    for name, value in (("PROBE_IMPORT", "1"), ("OMP_NUM_THREADS", "1"), ("PYTHONHASHSEED", "123")):
+        monkeypatch.setenv(name, value)
+    _, [report] = run_probe(tmp_path / "seeded", world_size=1, monkeypatch=monkeypatch)
+    seeded = subprocess.run([sys.executable, "-c", "print(hash('probe'))"], capture_output=True, text=True, check=True)
+    assert not report["torch_imported_before"] and report["torch_threads"] == 1
+    assert report["hash"] == int(seeded.stdout)
+
+
+def test_every_variable_the_preload_reads_counts_as_read_at_import():
+    command = [sys.executable, "-m", "runner.world.import_env"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+    count, *missed = done.stdout.split()
+    assert int(count) > 20 and missed == []  # torch alone reads dozens
+
+
+def test_a_forked_ranks_proc_environ_and_cmdline_are_its_own(tmp_path, probe_env):
+    env, argv = dict(ready_server().env, RANK="3", WORLD_SIZE="4", PROBE_SLEEP="60"), [str(tmp_path), "an argument"]
+    rank = forked.start_rank("probe_rank", argv, env, tmp_path / "log")
+    wait_until(lambda: (tmp_path / "probe3.json").exists())
+    environ = Path(f"/proc/{rank.pid}/environ").read_bytes().split(b"\0")[:-1]
+    assert dict(entry.decode().split("=", 1) for entry in environ) == env  # what ps e shows
+    expected = [sys.executable, "-m", "probe_rank", *argv]
+    assert Path(f"/proc/{rank.pid}/cmdline").read_bytes() == b"".join(os.fsencode(a) + b"\0" for a in expected)
+    rank.send_signal(signal.SIGKILL)
+    wait_until(lambda: rank.poll() is not None)

@@ -5,12 +5,16 @@ these variables: the hash seed, OpenMP's and OpenBLAS's thread counts, the local
 compile settings, the temporary folder `tempfile` settled on. A rank whose environment differs from the
 server's in any of them would silently differ from a fresh interpreter, so it is started as one
 (`runner.sweep.forked`). The list comes from tracing the server's preload (getenv in C and `os.environ` in
-Python; `tests/test_fork_server.py` traces the Python side again and fails on a name left out), widened to
-whole prefixes so that a variable of the same family read by a later version is covered too.
+Python), widened to whole prefixes so that a variable of the same family read by a later version is covered
+too. `python -m runner.world.import_env` traces the Python side again and prints the names it misses
+(`tests/test_fork_server.py` fails on any).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Mapping
 
 # Families read at start-up or import: the interpreter (PYTHON*), the C runtime (LD_*, LC_*), OpenMP (libgomp,
@@ -88,3 +92,35 @@ def differences(server: Mapping[str, str], request: Mapping[str, str]) -> list[s
     """The variables read at import that the request's environment and the server's do not share."""
     names = {name for name in (*server, *request) if read_at_import(name)}
     return sorted(name for name in names if server.get(name) != request.get(name))
+
+
+def unlisted_reads() -> tuple[int, list[str]]:
+    """Import what the fork server preloads, noting each variable read by name: how many, and those missed here.
+
+    Run it in a process of its own (`python -m runner.world.import_env`): the modules it imports stay imported.
+    """
+    read: set[str] = set()
+
+    class Recording(type(os.environ)):
+        def __getitem__(self, key):
+            if sys._getframe(1).f_code.co_name != "__iter__":  # a scan of every name reads none in particular
+                read.add(key)
+            return super().__getitem__(key)
+
+    environ = os.environ  # the wrapper shares its variables: nothing is set or cleared by these assignments
+    os.environ = Recording(  # noqa: B003
+        environ._data, environ.encodekey, environ.decodekey, environ.encodevalue, environ.decodevalue
+    )
+    try:
+        from runner.world.fork_server import PRELOADED
+
+        for name in PRELOADED:
+            importlib.import_module(name)
+    finally:
+        os.environ = environ  # noqa: B003
+    return len(read), sorted(name for name in read if not read_at_import(name) and name not in SET_IN_THE_CHILD)
+
+
+if __name__ == "__main__":
+    count, missed = unlisted_reads()
+    print(count, *missed)
