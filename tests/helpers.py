@@ -131,7 +131,14 @@ def cli_verdict(args: list[str]) -> CliVerdict:
     with read_write(task), open_dict(task):
         del task["hydra"]
     machine = {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
-    verdict = admit(task, machine=machine, sweeping=False, trainer=trainer)
+    verdict = admit(
+        task,
+        machine=machine,
+        sweeping=False,
+        trainer=trainer,
+        choices=dict(cfg.hydra.runtime.choices),
+        task_overrides=list(cfg.hydra.overrides.task),
+    )
     if isinstance(verdict, Refused):
         return CliVerdict(EXIT_INVALID, str(InvalidConfig(verdict.problems)), "invalid")
     shortfall = machine_shortfall(verdict.cfg, machine["cuda_devices"])

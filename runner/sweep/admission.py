@@ -19,6 +19,7 @@ from runner.layout import ParallelLayout
 from runner.sweep.ignored import ignored_key_problems, trainer_keys, trainer_problems
 from runner.sweep.machine import machine_problems
 from runner.sweep.overrides import CONF
+from runner.sweep.preset_conflicts import preset_conflicts
 from runner.sweep.validate import Problems, config_problems, schema_problems
 
 
@@ -38,11 +39,19 @@ class Admitted:
 
 
 def admit(
-    task_cfg: DictConfig, *, machine: dict | None, sweeping: bool = False, trainer: str | None = None
+    task_cfg: DictConfig,
+    *,
+    machine: dict | None,
+    sweeping: bool = False,
+    trainer: str | None = None,
+    choices: dict | None = None,
+    task_overrides: list[str] | None = None,
 ) -> Admitted | Refused:
     """Every rule for Hydra's composed job config (`task_cfg`): the schema's, the config's own
     (`runner.sweep.validate`), no key it would not read (`runner.sweep.ignored`; `trainer` is Hydra's choice
-    of the trainer group) and, with `machine` (`cuda_devices`, `cpu_cores`), this machine's."""
+    of the trainer group), no preset's key given otherwise (`runner.sweep.preset_conflicts`: `choices` are
+    Hydra's runtime choices, `task_overrides` the job's overrides) and, with `machine` (`cuda_devices`,
+    `cpu_cores`), this machine's."""
     try:
         cfg = run_config_from(task_cfg)
     except OmegaConfBaseException as error:  # a key added with `+` that the schema does not know
@@ -51,6 +60,9 @@ def admit(
     overridden = trainer_problems(task_cfg, trainer, conf=CONF, sweeping=sweeping)  # as composed: unresolved
     explained = tuple(trainer_keys(trainer, CONF)) if overridden else ()  # the trainer's message says why
     problems = config_problems(cfg, sweeping=sweeping, explained=explained) + overridden
+    problems += preset_conflicts(
+        cfg, choices, task_overrides, conf=CONF, besides=("trainer",) if overridden else ()
+    )  # fmt: skip
     ignored = ignored_key_problems(cfg, sweeping=sweeping, besides=explained)[1]
     if machine is not None and not problems:
         problems = machine_problems(cfg, **machine)

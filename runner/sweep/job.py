@@ -64,6 +64,8 @@ class JobPlace:
     overrides: str  # the job's overrides, as Hydra joins them ("defaults" when none)
     started: float
     trainer: str | None = None  # Hydra's choice of the trainer group (trainer=NAME)
+    choices: dict | None = None  # Hydra's runtime choices of every config group
+    task_overrides: tuple[str, ...] = ()  # the job's overrides, as Hydra lists them
 
     @classmethod
     def of_hydra(cls) -> JobPlace:
@@ -76,6 +78,8 @@ class JobPlace:
             overrides=hydra_cfg.job.override_dirname or "defaults",
             started=time.time(),
             trainer=hydra_cfg.runtime.choices.get("trainer"),
+            choices=dict(hydra_cfg.runtime.choices),
+            task_overrides=tuple(hydra_cfg.overrides.task),
         )
 
     @property
@@ -114,7 +118,14 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     env = rank_env()  # None: this process starts the ranks, on this machine
     cuda_devices = visible_cuda_devices() if env is None else 0
     machine = {"cuda_devices": cuda_devices, "cpu_cores": usable_cpu_cores()} if env is None else None
-    verdict = admit(hydra_task_cfg, machine=machine, sweeping=place.sweeping, trainer=place.trainer)
+    verdict = admit(
+        hydra_task_cfg,
+        machine=machine,
+        sweeping=place.sweeping,
+        trainer=place.trainer,
+        choices=place.choices,
+        task_overrides=list(place.task_overrides),
+    )
     if isinstance(verdict, Refused):
         return _refuse(place, verdict)
     cfg = verdict.cfg

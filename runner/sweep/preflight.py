@@ -89,7 +89,16 @@ class SweepPreflight(Callback):
         )
         # The jobs' own rules (`admit`): a job listed here as invalid is refused by the same call when it starts.
         verdicts = [
-            job if isinstance(job, Refused) else admit(job, machine=here, sweeping=True, trainer=trainer)
+            job
+            if isinstance(job, Refused)
+            else admit(
+                job,
+                machine=here,
+                sweeping=True,
+                trainer=trainer,
+                choices=dict(job.hydra.runtime.choices),
+                task_overrides=list(job.hydra.overrides.task),
+            )
             for job, trainer in zip(composed, trainers)
         ]
         admitted = [(n, v.cfg, v.ignored) for n, v in enumerate(verdicts) if isinstance(v, Admitted)]
