@@ -123,3 +123,29 @@ def test_rules_that_should_differ_do_differ_from_the_token_mean():
     for name in ("trl_grpo", "paper_dapo", "trl_bnpo"):
         other = torch.cat([g.flatten() for g in grads[name].values()])
         assert torch.nn.functional.cosine_similarity(base, other, dim=0) < 0.9999, name
+
+
+def rule_messages(layout: ParallelLayout, names: list[str]) -> dict:
+    """On every rank: step 1 of each named preset's rule under objective=pg; the CustomRuleError it raised, or ""."""
+    from runner.train.custom_rule import CustomRuleError
+
+    meshes = build_meshes(layout, "cpu")
+    out = {}
+    for name in names:
+        try:
+            step_one_through_parts(rule_config(name, layout), meshes)
+            out[name] = ""
+        except CustomRuleError as error:
+            out[name] = str(error)
+    return out
+
+
+def test_a_rule_that_reads_no_response_is_stopped_under_objective_pg():
+    # xtuner's rule is a cross-entropy of the labels: under objective=pg it would train the responses' likelihood
+    # with its advantages unread, while the run's loss logs -A log p. TRL's grpo reads them (the null control).
+    messages = run_in_world(rule_messages, 2, LAYOUTS["W2-GA2"], ["xtuner", "trl_grpo"])[0]
+    assert messages["trl_grpo"] == ""
+    assert messages["xtuner"].startswith("custom.fn=runner.trainers.xtuner:")
+    assert (
+        "read no response (ctx.responses, ctx.micro_responses) in this step: under objective=pg" in messages["xtuner"]
+    )

@@ -97,7 +97,7 @@ class CustomReducer(LossReducer):
             device=self.valid_tokens.device,
             sequences=self.sequences,
             objective=self.objective,
-            responses=None if self.objective is None else tuple(mb.responses for mb in micro_batches),
+            responses=None if self.objective is None else ReadResponses(mb.responses for mb in micro_batches),
             autograd_all_reduce=self.autograd_all_reduce,
         )
         if self.start_hook is not None:
@@ -132,6 +132,14 @@ class CustomReducer(LossReducer):
         return lambda grads: self._call("its grad_norm hook", self.norm_hook, grads, self.context)
 
     def finish_step(self) -> StepLoss:
+        responses = self.context.responses
+        if isinstance(responses, ReadResponses) and not responses.read:
+            raise CustomRuleError(
+                f"custom.fn={self.spec} read no response (ctx.responses, ctx.micro_responses) in this step: under "
+                "objective=pg its loss is not the policy-gradient objective (a cross-entropy of the labels trains "
+                "the responses' likelihood, advantages unread) though the run's loss logs -A log p; give "
+                "objective=ce for this rule, or a rule that weighs each response by its advantage"
+            )
         # One collective per step carries L and the logged values, as `local`'s carries L.
         carried = torch.cat([self.loss_sum.double().reshape(1), self.logged])
         loss, number, numerator, denominator = funcol.all_reduce(carried, "sum", self.group).tolist()
@@ -161,6 +169,21 @@ class CustomReducer(LossReducer):
             raise
         except Exception as error:
             raise rule_failure(self.spec, where, error, self.timeout_s) from error
+
+
+class ReadResponses(tuple):
+    """objective=pg's responses of the step's micro-batches, which note whether the rule (or its hook) read them:
+    a rule that never does computes no policy-gradient loss, whatever `loss` logs."""
+
+    read = False
+
+    def __getitem__(self, index):
+        self.read = True
+        return super().__getitem__(index)
+
+    def __iter__(self):
+        self.read = True
+        return super().__iter__()
 
 
 def _shallow(context: StepContext) -> dict:
