@@ -42,7 +42,7 @@ report = {
     "version": VERSION,
     "title": open(f"/proc/{os.getpid()}/cmdline").read().replace("\\0", " ").strip(),
     "torch_imported_before": torch_imported_before,
-    "environ": dict(e.split("=", 1) for e in open(f"/proc/{os.getpid()}/environ").read().split("\\0") if e),
+    "environ": dict(e.split("=", 1) for e in open(f"/proc/{os.getpid()}/environ").read().split("\\0") if "=" in e),
     "pid": os.getpid(),
     "threads": len(os.listdir("/proc/self/task")),
     "torch_threads": torch.get_num_threads() if os.environ.get("PROBE_IMPORT") else None,
