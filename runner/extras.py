@@ -16,6 +16,7 @@ import json
 import re
 import sys
 from importlib import metadata
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 DISTRIBUTION = "loss-reduction-ablation"
@@ -48,8 +49,9 @@ def extra_of(package: str) -> tuple[str, str] | None:
 
 
 def install_command(extra: str) -> str:
-    """The one command that installs `extra` into this interpreter: from the source tree this package was
-    installed from (editable or not), else from the package index."""
+    """The one command that installs `extra` into this interpreter: the Makefile's `make setup-EXTRA` where this
+    interpreter is the .venv that the source tree's Makefile set up (it keeps torch and the lock's versions),
+    else pip from the source tree this package was installed from (editable or not), else from the package index."""
     target = f'"{DISTRIBUTION}[{extra}]"'
     installed = _installed()
     direct = installed.read_text("direct_url.json") if installed is not None else None
@@ -57,8 +59,14 @@ def install_command(extra: str) -> str:
         info = json.loads(direct)
         url = urlparse(info.get("url", ""))
         if url.scheme == "file":
+            source = Path(unquote(url.path))
+            makefile = source / "Makefile"
+            if Path(sys.prefix).resolve() == (source / ".venv").resolve() and makefile.is_file():
+                if re.search(rf"^setup-{re.escape(extra)}:", makefile.read_text(), re.M):
+                    here = Path.cwd().resolve() == source.resolve()
+                    return f"make setup-{extra}" if here else f"make -C {source} setup-{extra}"
             editable = info.get("dir_info", {}).get("editable", False)
-            target = ("-e " if editable else "") + f'"{unquote(url.path)}[{extra}]"'
+            target = ("-e " if editable else "") + f'"{source}[{extra}]"'
     return f"{sys.executable} -m pip install {target}"
 
 

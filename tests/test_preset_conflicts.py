@@ -122,3 +122,17 @@ def test_a_sweep_of_layouts_with_a_world_size_is_refused_before_any_job(tmp_path
     for layout, world in (("w2_ga2", 2), ("w2_sp2_skewed", 2), ("w4_sp2_one_empty", 4)):
         assert f"layout={layout} sets world_size={world} and world_size=8 sets it to 8" in output
     assert not list((tmp_path / "s").glob("*/logs"))
+
+
+def test_a_list_of_bugs_needs_experiment_bugs_and_an_arm_its_bug():
+    from runner.sweep.overrides import override_problems
+
+    listed = dict(override_problems(["-m", "bug=double_ga_scaling,ga_mean_of_means"]))
+    assert listed["bug"].startswith(
+        "bug=double_ga_scaling,ga_mean_of_means sweeps known bugs only with experiment=bugs"
+    )
+    assert override_problems(["-m", "experiment=bugs", "bug=double_ga_scaling,ga_mean_of_means"]) == []
+    assert override_problems(["-m", "bug=double_ga_scaling"]) == []  # one bug: its three arms
+    armed = cli_verdict(["bug_arm=buggy"])
+    assert armed.code == EXIT_INVALID and "bug_arm=buggy picks an arm of a known bug: give the bug too" in armed.message
+    assert cli_verdict(["bug=double_ga_scaling", "bug_arm=fixed"]).code == 0

@@ -78,4 +78,30 @@ def override_problems(args: list[str]) -> list[tuple[str, str]]:
                 "(the schema is fixed: a `+` cannot add keys to it)",
             )
         )
+    return found + _known_bug_problems(candidates, overrides)
+
+
+def _known_bug_problems(args: list[str], overrides: list) -> list[tuple[str, str]]:
+    """`bug=` and `bug_arm=` as the known bugs' configs can take them: a list of bugs only under experiment=bugs
+    (alone, `-m bug=NAME` sweeps that bug's arms; a list leaves the default experiment's sweep of modes), and an
+    arm only with its bug."""
+    given = {override.key_or_group: (arg, override) for arg, override in zip(args, overrides)}
+    experiment = str(given["experiment"][1].value()) if "experiment" in given else None
+    found = []
+    if "bug" in given and given["bug"][1].is_sweep_override() and experiment != "bugs":
+        found.append(
+            (
+                "bug",
+                f"{given['bug'][0]} sweeps known bugs only with experiment=bugs: python -m runner -m experiment=bugs "
+                f"{given['bug'][0]} (python -m runner -m bug=NAME runs one bug's buggy, fixed and reference arms)",
+            )
+        )
+    if "bug_arm" in given and "bug" not in given and experiment != "bugs":
+        found.append(
+            (
+                "bug_arm",
+                f"{given['bug_arm'][0]} picks an arm of a known bug: give the bug too, e.g. bug=double_ga_scaling "
+                f"{given['bug_arm'][0]} (conf/bug/ lists them; python -m runner --help names them)",
+            )
+        )
     return found
