@@ -158,9 +158,11 @@ def _unfit() -> str | None:
     """Why this server cannot fork a rank that is what a fresh interpreter would be, or None."""
     if proc_identity.threads() != 1:
         return f"{proc_identity.threads()} threads in the server, where a fork needs one"
-    with open("/proc/self/cmdline", "rb") as cmdline:
+    with open("/proc/self/cmdline", "rb") as cmdline, open("/proc/self/environ", "rb") as environ:
         argv = [os.fsdecode(arg) for arg in cmdline.read().split(b"\0")[:-1]]
-    return proc_identity.set_identity(argv, dict(os.environ))  # its own, again: can the kernel be told?
+        entries = [entry.split(b"=", 1) for entry in environ.read().split(b"\0") if b"=" in entry]
+    env = {os.fsdecode(key): os.fsdecode(value) for key, value in entries}
+    return proc_identity.set_identity(argv, env)  # its own again, unchanged: can the kernel be told?
 
 
 def _handle(request: dict, server: int) -> None:
