@@ -59,6 +59,7 @@ def test_a_signal_stops_every_rank_and_a_rerun_finishes_the_rest(tmp_path, sig):
     first, second = (json.loads((jobs[n] / "summary.json").read_text()) for n in (0, 1))
     assert first["status"] == "completed"
     assert second["status"] == "failed" and second["interrupted"] and second["error"].startswith("interrupted"), second
+    assert second["stopped_by"] == sig.name and second.get("ranks_stopped_by") in (None, "SIGTERM"), second
     kept = [json.loads(line) for line in (jobs[1] / "metrics.jsonl").read_text().splitlines()]
     assert len(kept) >= 3 and [r["step"] for r in kept] == list(range(1, len(kept) + 1))
 

@@ -242,7 +242,11 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
     if not outcome.ok:
         root_cause = {}
         if outcome.interrupted:
-            error = f"interrupted ({interrupts.Interrupted(outcome.interrupted).name}) {_progress(job_dir)}"
+            name = interrupts.Interrupted(outcome.interrupted).name
+            error = f"interrupted ({name}) {_progress(job_dir)}"
+            # What stopped the job is the launcher's signal (a Ctrl-C is SIGINT); it stopped the ranks with SIGTERM.
+            ranks = (read_summary(job_dir) or {}).get("stopped_by")
+            root_cause = {"stopped_by": name, **({"ranks_stopped_by": ranks} if ranks and ranks != name else {})}
         elif outcome.timed_out:
             error = f"timed out after timeout_s={cfg.timeout_s:g} s"
         else:
