@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.bugs.table import bugs_csv, bugs_table
 from analysis.cost.comm import comm_table
-from analysis.cost.interleaved import cost_table, floor_table
+from analysis.cost.interleaved import MIN_STEPS, cost_table, floor_table, short_cost_jobs
 from analysis.gradients.expected import expected_verdicts
 from analysis.gradients.groups import assign_groups, refuse_different_data
 from analysis.gradients.invariance import invariance, invariance_summary
@@ -154,6 +154,7 @@ def _analyze(
     comm.to_csv(out / "comm.csv", index=False)
     cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None else pd.DataFrame()  # those that measured
     cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
+    loaded.notes.extend(short_cost_jobs(cost_jobs))
     if len(cost_jobs):
         cost.to_csv(out / "cost.csv", index=False)
         floor.to_csv(out / "floor.csv", index=False)
@@ -257,6 +258,8 @@ def _analyze_cost_only(
         empty = pd.DataFrame()
         return Analysis(out, loaded.runs, empty, empty, empty, cost, answer, report, None, ["report.md"], loaded.notes)
     cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
+    short = short_cost_jobs(cost_jobs)
+    loaded.notes.extend(short)
     cost.to_csv(out / "cost.csv", index=False)
     floor.to_csv(out / "floor.csv", index=False)
     pngs = [interleaved_cost(cost, out)] if make_plots and len(cost) else []
@@ -267,8 +270,9 @@ def _analyze_cost_only(
         + " Also, ".join(interleaved_clause(job) for job in jobs)
         + ".\n"
         if jobs
-        else "Not measured: the cost job holds too few steps to compare (4 after warm-up at least), and no "
-        "training runs are here.\n"
+        else "Not measured: "
+        + ("; ".join(short) or f"no cost job holds {MIN_STEPS} steps after its warm-up")
+        + ". No training runs are here.\n"
     )
     report = write_report(out, sweeps, answer, [], pngs, cost, floor, notes=loaded.notes)
     clock("cost only")

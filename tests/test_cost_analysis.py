@@ -120,3 +120,21 @@ def test_the_exact_test_keeps_its_level_and_its_ci_covers_under_correlated_load(
     assert false_alarms / jobs <= 0.08  # at most 5 % in expectation (Holm), with room for 200 draws' chance
     assert 0.90 <= covered / jobs <= 0.99  # 95 % CIs, per comparison
     assert resolved / jobs >= 0.7  # and a 3 % cost is found in most jobs of 120 steps despite 5 % noise
+
+
+def test_a_cost_job_too_short_to_compare_says_how_many_steps_it_needs(tmp_path):
+    from analysis.cost.interleaved import MIN_STEPS
+    from analysis.testing.synthetic import SyntheticRun, write_cost_job, write_sweep
+
+    # 10 steps, 5 of warm-up: 5 left, one short of MIN_STEPS, beside a sweep and alone
+    sweep = write_sweep(tmp_path / "sweep", [SyntheticRun("sum"), SyntheticRun("local", factor=0.5)])
+    write_cost_job(sweep / "cost", {"local": 1.0, "sum": 1.2}, steps=10)
+    said = (
+        f"holds 5 steps after its warm-up of 5 (cost.warmup_steps), and comparing the modes needs {MIN_STEPS}: "
+        "rerun it with train.steps=11 or more"
+    )
+    beside = analyze([sweep], tmp_path / "out", make_plots=False, wandb_mode="disabled")
+    section = beside.report.read_text().split("## Cost, measured interleaved", 1)[1]
+    assert said in section and "holds no interleaved cost job" not in section
+    alone = analyze([sweep / "cost"], tmp_path / "alone", make_plots=False, wandb_mode="disabled")
+    assert said in alone.answer and "(4 after warm-up at least)" not in alone.answer

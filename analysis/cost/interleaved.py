@@ -151,6 +151,23 @@ def cost_table(cost_jobs: pd.DataFrame, confidence: float = CONFIDENCE, level: f
     return pd.concat(tables, ignore_index=True)[COLUMNS]
 
 
+def short_cost_jobs(cost_jobs: pd.DataFrame) -> list[str]:
+    """A note for each cost job with too few steps after its warm-up to compare (`MIN_STEPS`), naming how many
+    it has and the train.steps that would give enough."""
+    notes = []
+    for _, job in cost_jobs.iterrows():
+        times, _, _ = read_cost_job(Path(job["path"]))
+        warmup = int(job.get("cost.warmup_steps", 5))
+        steady = len(times[times.index > warmup].dropna())
+        if 0 < len(times) and steady < MIN_STEPS:
+            notes.append(
+                f"the cost job in {job['path']} holds {steady} steps after its warm-up of {warmup} "
+                f"(cost.warmup_steps), and comparing the modes needs {MIN_STEPS}: rerun it with "
+                f"train.steps={warmup + MIN_STEPS} or more"
+            )
+    return notes
+
+
 def floor_table(cost_jobs: pd.DataFrame) -> pd.DataFrame:
     """The floor of each cost job: per kind, median and p90 ms per call."""
     rows = []
