@@ -127,8 +127,7 @@ class ForkServer:
                 return None
             request_id, self._next_id = self._next_id, self._next_id + 1
         request = {"id": request_id, "module": module, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log)}
-        if not self._send(request):
-            self._stop_server("the fork server does not take requests")
+        if not self._send(request):  # it has died, or is dying: its children with it (parent-death signal)
             return None
         with self._changed:
             self._changed.wait_for(lambda: request_id in self._pids or not self.alive(), _REPLY_TIMEOUT_S)
@@ -159,7 +158,8 @@ class ForkServer:
                     answered = self._codes.pop(pid, None) is not None
             if answered:
                 return
-        self._stop_server(f"the fork server did not answer request {request_id} in time")
+        if self._process.poll() is None:  # (a server that died by itself took its children with it)
+            self._stop_server(f"the fork server did not answer request {request_id} in time")
 
     def _stop_server(self, why: str) -> None:
         """Kill the server and every child it has, and wait until they are gone; fork no rank here again."""
