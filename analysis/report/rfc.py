@@ -16,9 +16,9 @@ what would show it), then the numbers.
    loss over L), so a trainer that drops it must change its logging too.
 
 Only what the runs show is stated (completed, compared, W > 1), with their numbers, and only from runs that
-answer the RFC's question: the runner's own modes and the trainers' rules as their presets run them
-(`custom.fn` under `runner.trainers`). A known bug's arms are left out (upstream code before a fix: Ulysses
-SP's division by sp gives 1/W at W = sp without being the local loss), and so is a user's own rule.
+answer the RFC's question: the runner's own modes and the trainers' rules (the presets', or a user's). A known
+bug's arms are left out: upstream code before a fix, whose factor can look like the local loss's without being
+it (Ulysses SP's division by sp gives 1/W at W = sp).
 """
 
 from __future__ import annotations
@@ -158,12 +158,9 @@ def _point_logging(compared: pd.DataFrame) -> str:
 
 
 def answers_the_rfc(runs: pd.DataFrame) -> pd.Series:
-    """Whether each run may answer the RFC: a runner mode or a trainer preset's rule, not a known bug's arm."""
+    """Whether each run may answer the RFC: a runner mode or a trainer's rule, not a known bug's arm."""
     missing = pd.Series(None, index=runs.index, dtype=object)
-    fn = runs.get("custom.fn", missing)
-    bug_arm = runs.get("known_bug.name", missing).notna() & fn.notna()
-    trainer_rule = fn.astype(str).str.startswith("runner.trainers.")
-    return (fn.isna() | trainer_rule) & ~bug_arm
+    return ~(runs.get("known_bug.name", missing).notna() & runs.get("custom.fn", missing).notna())
 
 
 def rfc_answer(table: pd.DataFrame, runs: pd.DataFrame) -> str:
