@@ -195,3 +195,52 @@ def test_a_rule_that_logs_0_over_0_is_recorded_and_the_run_goes_on(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["reported_loss"] for r in records] == [None, None]  # JSON's null for NaN
     assert all(r["micro_batch_tokens_min"] == 0 and r["loss"] > 0 for r in records)
+
+
+def _true_norm(grads, ctx):
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0).full_tensor()
+
+
+@custom_rule(grad_norm=lambda grads, ctx: 2 * _true_norm(grads, ctx))
+def norm_twice(logits, labels, ctx):
+    return _local_sum(logits, labels) / ctx.global_tokens
+
+
+@custom_rule(grad_norm=lambda grads, ctx: _true_norm(grads, ctx) * (1 + ctx.rank))
+def norm_per_rank(logits, labels, ctx):
+    return _local_sum(logits, labels) / ctx.global_tokens
+
+
+@custom_rule(grad_norm=lambda grads, ctx: _true_norm(grads, ctx) * float("nan"))
+def norm_nan(logits, labels, ctx):
+    return _local_sum(logits, labels) / ctx.global_tokens
+
+
+def trainer_steps(names: list[str]) -> dict:
+    """On every rank: step 1 of each rule through the Trainer (clipping with its hook); its record or its error."""
+    from runner.train.components import build_parts
+    from runner.train.custom_rule import CustomRuleError
+    from runner.train.loop import Trainer
+
+    meshes = build_meshes(ParallelLayout(2, 1, 1), "cpu")
+    out = {}
+    for name in names:
+        cfg = run_config(reduction="custom", custom__fn=f"{HERE}:{name}", grad_accum=1, train__steps=1, **CFG)
+        try:
+            out[name] = Trainer(build_parts(cfg, meshes, torch.device("cpu"))).step(1)
+        except CustomRuleError as error:
+            out[name] = str(error)
+    return out
+
+
+def test_a_grad_norm_hook_is_held_to_the_world_and_to_the_true_norm():
+    done = run_in_world(trainer_steps, 2, ["norm_twice", "norm_per_rank", "norm_nan"])[0]
+    twice = done["norm_twice"]
+    assert twice["grad_norm"] == pytest.approx(2 * twice["true_grad_norm"], rel=1e-6)
+    assert twice["true_grad_norm"] > 0
+    assert (
+        f"custom.fn={HERE}:norm_per_rank's grad_norm hook returned a different norm on each rank ("
+        in (done["norm_per_rank"])
+    )
+    assert "each rank would clip by its own factor" in done["norm_per_rank"]
+    assert f"custom.fn={HERE}:norm_nan's grad_norm hook returned nan while the gradient's norm is " in done["norm_nan"]

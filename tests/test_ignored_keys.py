@@ -33,6 +33,8 @@ pytestmark = pytest.mark.slow
 
 BASE = {"train.steps": 4, "train.seq_len": 32, "train.global_batch": 8, "grad_accum": 2, "wandb.mode": "disabled"}
 CUSTOM = {"custom.fn": "runner.trainers.torchtitan:loss", "custom.fsdp_reduce": "sum"}
+# objective=pg's: a rule that reads the responses (a cross-entropy rule under pg is stopped at its first step)
+PG_CUSTOM = {"custom.fn": "runner.trainers.papers:dr_grpo", "custom.fsdp_reduce": "sum"}
 COST = {"cost.modes": ["sum", "local"], "cost.warmup_steps": 1, "cost.floor_calls": 5, "train.steps": 3}
 # Keys a rank does not read but the launcher or the analysis does, and when.
 OUTSIDE_THE_RANKS = {
@@ -92,7 +94,7 @@ def bases(data: Path) -> list[tuple[str, object]]:
             objective__name="pg",
             train__seq_len=64,
             objective__max_response=32,
-            **CUSTOM,
+            **PG_CUSTOM,
         ),
         base("cost-sum", **COST),
         base("cost-local", reduction="local", **COST),

@@ -57,7 +57,7 @@ def _nan_median(values: np.ndarray) -> np.ndarray:
 def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Per-run measures against the baseline, and the per-step curves behind them (for plots)."""
     sketch_columns = sorted((c for c in steps.columns if c.startswith("sketch_")), key=lambda c: int(c.split("_")[1]))
-    logged, a = step_arrays(steps, runs["run"], ["loss", "grad_norm", "clip_coef", "reported_loss"])
+    logged, a = step_arrays(steps, runs["run"], ["loss", "grad_norm", "clip_coef", "reported_loss", "true_grad_norm"])
     position = pd.Series(np.arange(len(runs)), index=runs["run"].to_numpy())
     base = runs["baseline"].map(position).fillna(-1).astype(int).to_numpy()
     has_base = base >= 0
@@ -78,6 +78,9 @@ def measure(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> tuple[p
     out["loss_step1_rel_diff"] = out["loss_step1_diff"] / np.abs(base_loss[:, 0])
     out["grad_norm_ratio_step1"] = grad_ratio[:, 0]
     out["grad_norm_ratio_median"] = _nan_median(grad_ratio)
+    # A rule's grad_norm hook against the gradient's own norm (true_grad_norm, recorded where a hook ran).
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["hook_norm_ratio_median"] = _nan_median(np.where(logged, a["grad_norm"] / a["true_grad_norm"], np.nan))
 
     curves = {
         "logged": logged,

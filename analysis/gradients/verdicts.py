@@ -60,6 +60,12 @@ def verdicts(runs: pd.DataFrame, measures: pd.DataFrame, tol: Tolerances) -> pd.
     table = pd.concat([runs[["status", "diverged_at", "error"]], m, out], axis=1)
     out["reason"] = [_reason(r, row) for r, row in zip(rule, table.itertuples())]
     out["verdict_text"] = np.where(out["verdict"] == "rescaled", "rescaled ×" + out["factor_label"], out["verdict"])
+    hook = m["hook_norm_ratio_median"] if "hook_norm_ratio_median" in m else pd.Series(np.nan, index=m.index)
+    off = hook.notna() & ((hook - 1).abs() > tol.scale_rtol)
+    if off.any():
+        out.loc[off, "verdict_text"] += (
+            " (its logged grad norm ×" + hook[off].map(factor_label) + " the gradient's: the rule's grad_norm hook)"
+        )
     return out
 
 

@@ -27,9 +27,15 @@ def trainer_sentences(rows: pd.DataFrame) -> list[str]:
         expectation = (
             "" if pd.isna(judged) else f"; expected {row['expected']}: {'as expected' if judged else 'NOT as expected'}"
         )
+        hook = row.get("hook_norm_ratio_median", float("nan"))
+        norm = (
+            f"; its logged grad norm (the rule's grad_norm hook) is ×{hook:.4g} the gradient's norm"
+            if pd.notna(hook) and abs(hook - 1) > 1e-3
+            else ""
+        )
         sentences.append(
             f"- `{row['reduction']}` ({row['rule']}): {row['gradient_vs_grad_L']}, step-1 scale {row['factor']:.6f}; "
-            f"{curve}{expectation}."
+            f"{curve}{norm}{expectation}."
         )
     return sentences
 

@@ -41,6 +41,7 @@ class SyntheticRun:
     steps: int = 60
     factor: float = 1.0  # the gradient (sketch and grad norm) is k times the true one
     norm_factor: float = 1.0  # the logged grad norm alone is this many times the gradient's (a grad-norm bug)
+    norm_hook: bool = False  # the logged norm is a rule's grad_norm hook's: the record holds true_grad_norm too
     turn: float = 0.0  # angle (radians) by which the gradient direction is turned
     loss_shift_from: int | None = None  # from this step on, the loss is higher by loss_shift per step
     loss_shift: float = 0.01
@@ -182,6 +183,8 @@ def _records(run: SyntheticRun) -> list[dict]:
                 "grad_sketch": sketch[i].tolist() if finite else [float("nan")] * SKETCH_DIM,
             }
         )
+        if run.norm_hook and finite:
+            records[-1]["true_grad_norm"] = float(grad_norm[i]) / run.norm_factor
     return records
 
 

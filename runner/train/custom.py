@@ -19,12 +19,14 @@ when it logs nothing. A rule's own collectives come on top of the runner's two.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import fields
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.distributed.tensor import DTensor
 
 from runner.config import ObjectiveConfig
 from runner.data.batches import Batch
@@ -40,6 +42,7 @@ from runner.train.custom_rule import (
     ratio,
     rule_failure,
 )
+from runner.train.gradients import owned_square_sum
 from runner.train.reduction import LossReducer, StepLoss, token_loss_sum
 
 STEP_FIELDS = [f.name for f in fields(StepContext)]
@@ -129,7 +132,40 @@ class CustomReducer(LossReducer):
     def grad_norm(self) -> Callable[[list[torch.Tensor]], torch.Tensor] | None:
         if self.norm_hook is None:
             return None
-        return lambda grads: self._call("its grad_norm hook", self.norm_hook, grads, self.context)
+
+        def norm(grads: list[torch.Tensor]) -> torch.Tensor:
+            value = self._call("its grad_norm hook", self.norm_hook, grads, self.context)
+            shown = value.full_tensor() if isinstance(value, DTensor) else torch.as_tensor(value)
+            # what check_grad_norm compares across the ranks, after the step: no collective here
+            self.norm_seen = torch.stack([shown.detach().double().reshape(()).cpu(), owned_square_sum(grads).cpu()])
+            return value
+
+        return norm
+
+    def check_grad_norm(self) -> float | None:
+        """The hook's norm must be the world's (each rank clips with it) and finite where the gradient is: both
+        checked, with one all-gather of (the hook's norm, the rank's share of the true squared norm); the true
+        norm is returned for the record (`true_grad_norm`), so the analysis can say what the hook's is to it."""
+        if self.norm_hook is None:
+            return None
+        device = self.valid_tokens.device
+        seen = torch.empty(self.world_size * 2, dtype=torch.float64, device=device)
+        dist.all_gather_into_tensor(seen, self.norm_seen.to(device), group=self.group)
+        hooks, squares = seen.view(self.world_size, 2).unbind(1)
+        true = squares.sum().sqrt().item()
+        values = hooks.tolist()
+        hook = f"custom.fn={self.spec}'s grad_norm hook"
+        if not all(math.isfinite(v) for v in values) and math.isfinite(true):
+            raise CustomRuleError(
+                f"{hook} returned {values[self.rank]} while the gradient's norm is {true:.6g}: the hook, not the "
+                "training, gave a norm that is not finite"
+            )
+        if len({v for v in values if not math.isnan(v)}) > 1:
+            raise CustomRuleError(
+                f"{hook} returned a different norm on each rank ({min(values):.6g} to {max(values):.6g}): each rank "
+                "would clip by its own factor; return the world's norm, the same on every rank"
+            )
+        return true
 
     def finish_step(self) -> StepLoss:
         responses = self.context.responses

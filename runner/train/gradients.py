@@ -55,6 +55,17 @@ def clip_gradients(model: nn.Module, max_norm: float, norm: NormFn | None = None
     return total_norm.item(), clip_coef.item()
 
 
+def owned_square_sum(grads: list[torch.Tensor]) -> torch.Tensor:
+    """This rank's share of the gradient's squared L2 norm (float64, no collective): the squares of its local
+    shards of the gradients it owns (`_owned_here`); their sum over the world is the squared global norm."""
+    device = _local(grads[0]).device if grads else torch.device("cpu")
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for grad in grads:
+        if _owned_here(grad):
+            total += _local(grad).double().pow(2).sum()
+    return total
+
+
 def _owned_here(param: torch.Tensor) -> bool:
     """Whether this rank counts `param`'s local shard in the world's sum: it is the first of the replicas
     that hold it (coordinate 0 on every mesh dim where it is Replicate()); a plain tensor is this rank's own."""

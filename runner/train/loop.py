@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from runner.data.batches import Batch, micro_batch_token_range
-from runner.record import checkpoints
 from runner.record.metrics import MetricLogger, on_schedule, progress_line
 from runner.train import checkpoint, fault
 from runner.train.components import RankParts
@@ -78,7 +77,10 @@ class Trainer:
                 parts.model, parts.optimizer, cfg.optim.clip, self.reducer.grad_norm()
             )
 
+        true_norm = self.reducer.check_grad_norm()  # a trainer's own norm held to the world's: not timed, not counted
         record = self._record(step, batch, step_loss, grad_norm, clip_coef, lr)
+        if true_norm is not None:
+            record["true_grad_norm"] = true_norm
         self._hold(record, sketch)
         return record
 
@@ -148,7 +150,7 @@ def train(parts: RankParts, logger: MetricLogger | None, job_dir: Path | None = 
     result = TrainResult(status="completed", steps_done=0, final_loss=None)
     train_cfg = parts.cfg.train
     first = 1
-    newest = checkpoints.newest_complete(job_dir) if job_dir is not None and train_cfg.checkpoint_every else None
+    newest = checkpoint.newest_loadable(job_dir)[0] if job_dir is not None and train_cfg.checkpoint_every else None
     if newest is not None:
         resumed = checkpoint.load(
             parts.model, parts.optimizer, folder=newest[1], group=parts.group, layout=parts.layout

@@ -149,6 +149,11 @@ class LossReducer:
         runner's modes have none (a custom rule's `grad_norm` hook: `runner.train.custom`)."""
         return None
 
+    def check_grad_norm(self) -> float | None:
+        """After the optimizer step, outside its timed and counted phase: the gradient's true global norm where
+        `grad_norm` gave a trainer's own (None: the runner's norm, DTensor's, was the one clipped with)."""
+        return None
+
     def finish_step(self) -> StepLoss:
         if self.mode in (Reduction.sum, Reduction.detached):
             loss = reported = self.loss_sum.item()
