@@ -96,20 +96,25 @@ def test_a_job_killed_past_a_checkpoint_resumes_and_ends_bit_identical(tmp_path,
     while checkpoints.newest_complete(job) is None and victim.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert checkpoints.newest_complete(job) is not None, "no checkpoint before the job ended"
-    wait_for_step(job, victim, random.Random(os.getpid()).randint(3, 8))  # a random step past the first checkpoint
+    wait_for_step(job, victim, random.Random(os.getpid()).randint(5, 8))  # past two checkpoints (2 and 4 or later)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.communicate()
     summary = read_summary(job) or {}
     assert summary.get("status") != "completed", "the job completed before the kill: nothing to resume"
-    newest = checkpoints.newest_complete(job)[0]
+    (older, _), (newest, newest_dir) = checkpoints.complete(job)[-2:]
     # What a kill mid-write leaves, and worse: none of it may be loaded.
     checkpoints.partial_dir(job, newest + 1).mkdir()
     (checkpoints.partial_dir(job, newest + 1) / "rank0.pt").write_bytes(b"half a file")
     (checkpoints.checkpoints_dir(job) / checkpoints.name_of(newest + 3)).mkdir()
+    # A complete checkpoint whose shard file was cut short (a disk that filled up): passed over for the older one.
+    shard = newest_dir / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
     out = finished(run(args, tmp_path))
-    assert f"resumes from its checkpoint of step {newest}" in out, out
-    assert read_summary(job)["resumed_from_step"] == newest
+    assert f"resumes from its newest complete checkpoint, step {newest}" in out, out
+    assert f"checkpoint {checkpoints.name_of(newest)} cannot be loaded (__1_0.distcp holds " in out, out
+    assert f"passed over; resuming from step {older}" in out, out
+    assert read_summary(job)["resumed_from_step"] == older
     assert records(job) == records(tmp_path / "whole")  # every step once, each as the uninterrupted run's
     assert read_summary(job)["final_state_sha256"] == read_summary(tmp_path / "whole")["final_state_sha256"]
     assert not checkpoints.partial_dir(job, newest + 1).exists()
@@ -184,6 +189,6 @@ def test_a_stop_signal_saves_the_step_every_rank_agrees_on_and_the_rerun_resumes
         assert f"a rerun into this directory resumes from its checkpoint of step {stopped_at}" in summary["error"]
 
     again = finished(run([*quick, "hydra.run.dir=stopped"], tmp_path))
-    assert f"resumes from its checkpoint of step {stopped_at}" in again
+    assert f"resumes from its newest complete checkpoint, step {stopped_at}" in again
     assert records(job) == records(tmp_path / "whole")
     assert read_summary(job)["final_state_sha256"] == read_summary(tmp_path / "whole")["final_state_sha256"]

@@ -95,7 +95,7 @@ def test_a_job_stopped_past_a_checkpoint_and_rerun_continues_its_offline_wandb_r
     stop_past_first_checkpoint([*OFFLINE, "hydra.run.dir=job"], tmp_path, job, how)
     out = finished(run([*OFFLINE, "hydra.run.dir=job"], tmp_path))
     resumed_from = read_summary(job)["resumed_from_step"]
-    assert f"resumes from its checkpoint of step {resumed_from}" in out, out
+    assert f"resumes from its newest complete checkpoint, step {resumed_from}" in out, out
 
     first_dir, resumed_dir = offline_runs(job)  # one folder per attempt, no more
     run_id = read_summary(job)["wandb_run_id"]

@@ -53,6 +53,43 @@ def save(model, optimizer, *, step: int, tokens: int, job_dir: Path, keep: int, 
     dist.barrier(group)  # nobody goes on before the checkpoint is complete (a kill now leaves it complete)
 
 
+def damage(folder: Path) -> str | None:
+    """Why the complete checkpoint `folder` cannot be loaded, read from its files alone (no collective), or None:
+    DCP's .metadata unreadable, a shard file it names missing or shorter than the bytes it names there, a rank's
+    file missing or unreadable. Every rank reads the same files, so every rank judges it alike."""
+    try:
+        storage = dcp.FileSystemReader(str(folder)).read_metadata().storage_data
+    except Exception as error:  # a truncated or missing .metadata: pickle's, OSError's
+        return f"its .metadata does not read ({type(error).__name__}: {error})"
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size < size:
+            return f"{name} holds {path.stat().st_size} bytes, its shards need {size}"
+    for rank in range(int(checkpoints.read_meta(folder).get("world_size", 0))):
+        try:
+            torch.load(_rank_file(folder, rank), weights_only=False)
+        except Exception as error:
+            return f"{_rank_file(folder, rank).name} does not read ({type(error).__name__})"
+    return None
+
+
+def newest_loadable(job_dir: Path) -> tuple[tuple[int, Path] | None, list[str]]:
+    """The newest complete checkpoint whose files are whole (`damage`), and a line for each newer one passed over
+    (a truncated or missing file: a disk filled up, a file removed), so that a rerun resumes from the newest it can."""
+    passed = []
+    for step, folder in reversed(checkpoints.complete(job_dir)):
+        why = damage(folder)
+        if why is None:
+            return (step, folder), passed
+        passed.append(f"checkpoint {folder.name} cannot be loaded ({why}): passed over")
+    return None, passed
+
+
 def load(model, optimizer, *, folder: Path, group, layout: ParallelLayout) -> dict:
     """Every rank: the model, optimizer and this rank's token count from `folder` (collective); returns
     {"step", "tokens"}. Refuses a checkpoint of another layout (the launcher never offers one)."""

@@ -70,6 +70,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
     from runner.record.metrics import MetricLogger
     from runner.record.summary import update_summary, versions
     from runner.record.wandb_run import start_wandb_run
+    from runner.train import checkpoint
     from runner.train.components import build_parts
     from runner.train.loop import train
     from runner.train.outcome import peak_rss_mib
@@ -102,9 +103,13 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
         init_marks.append(time.time())
         if env.is_main:
             training = not cfg.cost.modes  # a cost job keeps no checkpoints
-            resumes = checkpoints.newest_complete(job_dir) if training and cfg.train.checkpoint_every else None
-            if resumes is not None:  # the steps after the checkpoint's are computed again
-                checkpoints.truncate_metrics(job_dir / "metrics.jsonl", resumes[0])
+            resumes = None
+            if training and cfg.train.checkpoint_every:  # the newest checkpoint whose files are whole (the ranks'
+                resumes, passed = checkpoint.newest_loadable(job_dir)  # loop picks the same one)
+                for line in passed:
+                    print(line + (f"; resuming from step {resumes[0]}" if resumes else "; starting anew"), flush=True)
+                # the steps after the checkpoint's (all of them, without one) are computed again
+                checkpoints.truncate_metrics(job_dir / "metrics.jsonl", resumes[0] if resumes else 0)
             run = start_wandb_run(
                 cfg,
                 job_dir,
