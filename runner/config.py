@@ -44,6 +44,7 @@ FAULT_KINDS = {
     "none": "no fault",
     "raise": "an exception in the rank (recorded with its traceback)",
     "exit": "the rank's process ends at once with exit code 3, recording nothing",
+    "kill": "the rank's process is killed by SIGKILL, as the kernel's OOM killer does, recording nothing",
     "hang": "the rank stops responding; its peers' collectives time out after dist.timeout_s",
     "nan": "the rank's gradients become NaN: the job diverges at that step",
 }

@@ -63,6 +63,14 @@ def test_exit_fails_the_job_naming_the_rank_that_vanished(tmp_path):
     assert wall < 60
 
 
+def test_a_rank_killed_by_sigkill_is_named_as_the_cause_not_its_peers_reset(tmp_path):
+    info, records, wall = run_job(tmp_path, "fault.kind=kill", "fault.rank=1")
+    assert info["status"] == "failed" and info["failed_rank"] == 1, info
+    assert info["error"].startswith("rank 1 was killed by SIGKILL (the kernel's OOM killer sends it"), info
+    assert [r["step"] for r in records] == list(range(1, FAULT_STEP))
+    assert wall < 60
+
+
 def test_hang_ends_in_a_collective_timeout_not_at_the_job_timeout(tmp_path):
     info, records, wall = run_job(tmp_path, "fault.kind=hang", "fault.rank=1", "dist.timeout_s=10", "timeout_s=600")
     assert info["status"] == "failed" and info["failed_rank"] == 0, info  # rank 0's collective timed out

@@ -76,7 +76,7 @@ REFUSALS = [
     ("unknown key", ["optim.lrr=1"], ["optim.lrr"]),
     ("wrong type", ["world_size=two"], ["world_size", "two"]),
     ("unknown enum value", ["mp.reduce_dtype=float16"], ["mp.reduce_dtype", "float32", "bfloat16"]),
-    ("unknown fault kind", ["fault.kind=explode"], ["fault.kind=explode", "valid: none, raise, exit, hang, nan"]),
+    ("unknown fault kind", ["fault.kind=explode"], ["fault.kind=explode", "valid: none, raise, exit, kill, hang, nan"]),
     ("wandb.mode=online without a key", ["wandb.mode=online"], ["wandb.mode=online needs WANDB_API_KEY", "make sync"]),
     ("any numeric field out of its range", ["seed=-1"], ["seed=-1 must be >= 0"]),
     ("model shape", ["model.d_model=30"], ["model.d_model=30", "use a multiple of 8 (e.g. 24 or 32)"]),

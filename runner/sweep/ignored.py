@@ -121,7 +121,7 @@ RULES = (
     Rule(
         ("fault.rank", "fault.step"),
         lambda cfg: cfg.fault.kind != "none",
-        lambda cfg: "fault.kind=none injects no fault (set fault.kind=raise, exit, hang or nan)",
+        lambda cfg: "fault.kind=none injects no fault (set fault.kind=raise, exit, kill, hang or nan)",
     ),
     Rule(
         ("fault.kind", "fault.rank", "fault.step"),

@@ -152,7 +152,10 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
             _supersede(place, job, verdict.config_yaml, identity)
         resumes = rerun.resumable(place.job_dir, cfg.train.checkpoint_every) if earlier == "unfinished" else None
         if resumes is not None:
-            log.info(f"{place.tag} {job.name}: resumes from its checkpoint of step {resumes} (an unfinished attempt)")
+            log.info(
+                f"{place.tag} {job.name}: resumes from its newest complete checkpoint, step {resumes} (an unfinished "
+                "attempt; its ranks pass over one whose files are damaged)"
+            )
         # an unfinished or stale attempt's files; config.yaml and config.json anew below
         rerun.clear(place.job_dir, keep=rerun.RESUMED_FILES if resumes is not None else ())
         write_config(place.job_dir / "config.yaml", verdict.config_yaml)
@@ -251,7 +254,7 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
             error = f"timed out after timeout_s={cfg.timeout_s:g} s"
         else:
             # The root cause, not rank 0's own view (it fails too, later, when a peer dies).
-            rank, error = failure_report(job_dir, outcome.returncodes)
+            rank, error = failure_report(job_dir, outcome.returncodes, outcome.ended_first)
             root_cause = {"failed_rank": rank}
         update_summary(job_dir, status="failed", error=error, interrupted=bool(outcome.interrupted), **root_cause)
     summary = read_summary(job_dir) or {}

@@ -45,6 +45,9 @@ class WorldOutcome:
     timed_out: bool
     interrupted: int  # the signal that stopped the job (SIGINT, SIGTERM), else 0
     wall_s: float
+    # The ranks that had ended non-zero when the launcher first saw a failure, before it stopped any: a rank killed
+    # from outside (the OOM killer's SIGKILL) has a negative code as the ones it stopped do, and is told by this.
+    ended_first: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -155,7 +158,7 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
     log_files = []
     echo_thread = None
     started = time.monotonic()
-    timed_out, interrupted = False, 0
+    timed_out, interrupted, ended_first = False, 0, ()
     try:
         spawned_at = f"{time.time():.6f}"
         for rank in range(world_size if not arrived else 0):
@@ -190,6 +193,7 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
                 _stop(processes, term_wait_s=term_wait_s)
                 break
             if any(p.poll() not in (None, 0) for p in processes):
+                ended_first = tuple(rank for rank, p in enumerate(processes) if p.poll() not in (None, 0))
                 # Survivors may be recording the same error, or blocked in a collective with the dead rank.
                 _stop(processes, grace_s=_GRACE_S)
                 break
@@ -207,7 +211,8 @@ def _run_world(world_size, job_dir, worker_args, timeout_s, module, arrived: lis
         shutil.rmtree(rendezvous_dir, ignore_errors=True)
     if arrived and not interrupted:  # during the last poll or the clean-up: the job still ended as it did
         interrupted = arrived[0] if any(code != 0 for code in (p.poll() for p in processes)) else 0
-    return WorldOutcome([p.poll() for p in processes], timed_out, interrupted, time.monotonic() - started)
+    codes = [p.poll() for p in processes]
+    return WorldOutcome(codes, timed_out, interrupted, time.monotonic() - started, ended_first)
 
 
 def log_tail(job_dir: Path, rank: int, lines: int = _LOG_TAIL_LINES) -> str:
@@ -217,18 +222,29 @@ def log_tail(job_dir: Path, rank: int, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def failure_report(job_dir: Path, returncodes: Sequence[int | None]) -> tuple[int | None, str]:
+def failure_report(
+    job_dir: Path, returncodes: Sequence[int | None], ended_first: Sequence[int] = ()
+) -> tuple[int | None, str]:
     """(root-cause rank, error text) of a world whose ranks did not all exit 0.
 
-    A rank that exited non-zero without an error record (os._exit, a crash, a
-    signal it did not send itself) is the first suspect: its peers raise and
-    record later, in their next collective. Otherwise the earliest record is.
-    Ranks this launcher stopped (negative codes) are never the cause.
+    A rank killed by a signal before the launcher stopped any (`ended_first`: the OOM killer's SIGKILL) is
+    the first suspect, then one that exited non-zero without an error record (os._exit, a crash): its peers
+    raise and record later, in their next collective ("Connection reset by peer"). Otherwise the earliest
+    record is. Ranks this launcher stopped (negative codes, not among `ended_first`) are never the cause.
     """
     records = {}
     for path in (job_dir / "logs").glob("rank*.error.json"):
         record = json.loads(path.read_text())
         records[record["rank"]] = record
+    killed = [r for r in ended_first if (returncodes[r] or 0) < 0 and r not in records]
+    if killed:
+        rank, name = killed[0], signal.Signals(-returncodes[killed[0]]).name
+        why = " (the kernel's OOM killer sends it when memory runs out: dmesg says)" if name == "SIGKILL" else ""
+        return (
+            rank,
+            f"rank {rank} was killed by {name}{why}, before any peer failed; its peers' errors follow from it:\n"
+            f"{log_tail(job_dir, rank)}",
+        )
     silent = [r for r, code in enumerate(returncodes) if code is not None and code > 0 and r not in records]
     if silent:
         rank = silent[0]

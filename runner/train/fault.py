@@ -1,7 +1,7 @@
 """Injected faults (`fault.kind`, `fault.rank`, `fault.step`): how the runner's failure handling is tested.
 
 The fault strikes rank `fault.rank` at optimizer step `fault.step`: `raise`,
-`exit` and `hang` before the step's first collective, `nan` after its
+`exit`, `kill` and `hang` before the step's first collective, `nan` after its
 backward (the gradient norm, reduced over the world, is then NaN on every
 rank, so every rank stops at that step as diverged).
 """
@@ -9,6 +9,7 @@ rank, so every rank stops at that step as diverged).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -33,6 +34,9 @@ def before_step(fault: FaultConfig, rank: int, step: int) -> None:
     if _strikes(fault, "exit", rank, step):
         sys.stdout.flush()
         os._exit(EXIT_CODE)
+    if _strikes(fault, "kill", rank, step):
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
     if _strikes(fault, "hang", rank, step):
         print(f"fault.kind=hang: rank {rank} stops responding at step {step}", flush=True)
         while True:
