@@ -13,7 +13,7 @@ from analysis.report.invariance import invariance_sentence
 from analysis.report.markdown import count, listed, names, span
 from analysis.report.trainers import trainers_answer
 from analysis.trainers.table import is_trainer
-from runner.modes import OVER_W, label_order, modes_where
+from runner.modes import OVER_W, label_order, modes_where, with_extra_collectives
 
 # Verdicts of runs that were not compared with a baseline.
 NOT_COMPARED = ("reference", "no reference", "failed", "not run")
@@ -133,8 +133,16 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
                 f" Under {optimizer} it changes training: in {len(departing)}/{len(rescaled)} of their runs the loss "
                 f"curve departs from the reference's (from step {span(departing['first_step_beyond'], '.0f')})."
             )
-    if alternatives:
-        text += f" {' and '.join(f'`{m}`' for m in correct)} recover the true gradient exactly with no per-micro-batch collective."
+    if alternatives:  # what each issues is read from the modes' facts, not assumed of an alternative
+        extra = set(with_extra_collectives())
+        lean, heavier = [m for m in correct if m not in extra], [m for m in correct if m in extra]
+        if lean:
+            text += (
+                f" {listed([f'`{m}`' for m in lean])} {'recovers' if len(lean) == 1 else 'recover'} the true gradient "
+                "exactly with `local`'s collectives (none per micro-batch)."
+            )
+        if heavier:
+            text += f" {listed([f'`{m}`' for m in heavier])} {'recovers' if len(heavier) == 1 else 'recover'} it too."
     return text
 
 
