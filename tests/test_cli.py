@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -140,6 +141,13 @@ def test_help_lists_the_modes_axes_experiments_and_examples(tmp_path):
         "Examples",
     ]:
         assert word in done.stdout, word
+    # every preset of the groups the help lists by name: `name[_suffix]` names name and name_suffix
+    named = set()
+    for base, suffix in re.findall(r"([A-Za-z]\w*)(?:\[(_\w+)\])?", done.stdout):
+        named |= {base, base + suffix} if suffix else {base}
+    for group in ("trainer", "bug", "layout", "model", "bug_arm"):
+        missing = sorted({p.stem for p in (CONF / group).glob("*.yaml")} - named)
+        assert not missing, f"--help does not name {group}={missing}"
 
 
 def test_analysis_replaces_its_wandb_run_when_run_again(tmp_path):

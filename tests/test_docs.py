@@ -56,3 +56,24 @@ def test_the_link_check_catches_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Title\n\n[ok](#title) [bad](#nowhere) [gone](missing.md)\n")
     assert broken_links(page) == ["#nowhere: no heading '#nowhere' in page.md", "missing.md: no such file"]
+
+
+def test_the_command_line_page_names_every_option_of_every_group():
+    """docs/command-line.md's "Groups" sentence lists each group's options as conf/ holds them, and the count of
+    trainer presets it gives is conf/trainer/'s."""
+    import re
+
+    conf = ROOT / "conf"
+    text = (ROOT / "docs" / "command-line.md").read_text()
+    groups = text.split("Groups (each option a file of conf/GROUP/):", 1)[1].split("Other\nkeys", 1)[0]
+    for group in ("model", "data", "optim", "objective", "layout"):
+        [listed] = re.findall(rf"`{group}=([\w|]+)`", groups)
+        assert listed.split("|") == sorted(p.stem for p in (conf / group).glob("*.yaml")), group
+    [experiments] = re.findall(r"`experiment=([\w|]+)` \(and `(\w+)`", groups)
+    assert sorted([*experiments[0].split("|"), experiments[1]]) == sorted(
+        p.stem for p in (conf / "experiment").glob("*.yaml")
+    )
+    assert f"one of the {len(list((conf / 'trainer').glob('*.yaml')))} presets of conf/trainer/" in groups
+    assert re.findall(r"`bug_arm=([\w|]+)`", groups) == [
+        "|".join(sorted(p.stem for p in (conf / "bug_arm").glob("*.yaml")))
+    ]
