@@ -138,3 +138,20 @@ def test_a_cost_job_too_short_to_compare_says_how_many_steps_it_needs(tmp_path):
     assert said in section and "holds no interleaved cost job" not in section
     alone = analyze([sweep / "cost"], tmp_path / "alone", make_plots=False, wandb_mode="disabled")
     assert said in alone.answer and "(4 after warm-up at least)" not in alone.answer
+
+
+def test_a_rules_own_loss_all_reduces_are_counted_apart_from_the_runners(tmp_path):
+    from analysis.testing.synthetic import SyntheticRun, write_sweep
+
+    custom = {"custom.fn": "my_trainers:counts_twice", "custom.name": "counts twice"}
+    runs = [
+        SyntheticRun("sum"),
+        SyntheticRun("local"),
+        SyntheticRun("custom", overrides=custom),  # the runner's two alone: N and the logged loss
+        SyntheticRun("custom", overrides={**custom, "custom.name": "own two"}, own_loss_calls=3),
+    ]
+    loaded = load_sweeps([write_sweep(tmp_path / "sweep", runs)])
+    comm = comm_table(assign_groups(loaded.runs).reset_index(drop=True), loaded.steps).set_index("reduction")
+    assert comm.loc["local", ["loss_all_reduce_calls", "own_loss_all_reduce_calls"]].tolist() == [2, 0]
+    assert comm.loc["counts twice [FSDP mean]", "own_loss_all_reduce_calls"] == 0
+    assert comm.loc["own two [FSDP mean]", ["loss_all_reduce_calls", "own_loss_all_reduce_calls"]].tolist() == [4, 2]

@@ -9,6 +9,9 @@ Per run, per optimizer step (means over the steps whose collectives were counted
   waiting for the slowest peer to arrive: not the collective's own cost
   (that is the floor, `runner.measure.floor`); peer_skew_ms_median is that wait's
   measure at the step's first collective;
+- own_loss_all_reduce_calls: the loss all-reduces beyond the two the runner issues for every run (the
+  valid-token count N and the logged loss, `local`'s), from the modes' facts: what the mode or a trainer's
+  rule issues itself (Megatron's: none but its num_tokens all-reduce);
 - extra_loss_calls_vs_local: the loss all-reduces a step issues beyond the
   matching `local` runs' (exact: counted);
 - extra_other_calls_vs_local: the step's other collectives (all but the loss
@@ -40,6 +43,7 @@ import pandas as pd
 
 from analysis import nanstats
 from analysis.load.arrays import step_arrays
+from runner.modes import Reduction, facts
 
 WARMUP_STEPS = 5
 
@@ -53,6 +57,7 @@ COLUMNS = [
     "grad_accum",
     "status",
     "loss_all_reduce_calls",
+    "own_loss_all_reduce_calls",
     "loss_all_reduce_bytes",
     "loss_all_reduce_latency_ms",
     "total_calls",
@@ -103,6 +108,11 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
                 np.nanmean(np.where(logged, a[source], np.nan), axis=1) if logged.any() else np.full(len(runs), np.nan)
             )
             out[column] = values * (1e3 if column.endswith("_ms") else 1)
+
+    # The mode's or rule's own, beside what the runner issues for every run (`local`'s: the step's valid-token
+    # count and the logged loss, one all-reduce each), so that a trainer's row says what the trainer issues.
+    runner_calls = np.array([sum(facts(Reduction.local).loss_collectives(int(m)).values()) for m in runs["grad_accum"]])
+    out["own_loss_all_reduce_calls"] = out["loss_all_reduce_calls"] - runner_calls
 
     times = a["step_time_s"].copy()
     times[:, :WARMUP_STEPS] = np.nan

@@ -37,6 +37,7 @@ COLUMNS = {
     "fsdp_reduction": "FSDP",
     "backward_text": "all-reduce backward (measured)",
     "loss_all_reduce_calls": "loss all-reduces / step",
+    "own_loss_all_reduce_calls": "of them the rule's own",
     "extra_other_calls_vs_local": "other collectives vs local",
     "gradient_vs_grad_L": "gradient vs grad L",
     "factor": "factor",
@@ -136,7 +137,7 @@ def trainers_table(runs: pd.DataFrame, table: pd.DataFrame, comm: pd.DataFrame |
     recorded = ("autograd_all_reduce", "custom.fn", "custom.rule", *PROVENANCE)
     config = runs.loc[chosen, [c for c in recorded if c in runs and c not in table]]
     rows = pd.concat([table.loc[chosen], config], axis=1)
-    counted = ("loss_all_reduce_calls", "extra_other_calls_vs_local")
+    counted = ("loss_all_reduce_calls", "own_loss_all_reduce_calls", "extra_other_calls_vs_local")
     for column in counted:
         rows[column] = comm.loc[rows.index, column] if comm is not None and column in comm else np.nan
     rows["backward"] = [backward_kind(f, w) for f, w in zip(rows["backward_factor"], rows["world_size"])]
