@@ -1,0 +1,176 @@
+"""The real `transformers.Trainer` beside the project's `trainer=hf_trainer*` rules: same model, data, layout.
+
+Held: in one 2-process gloo world (CPU), for average_tokens_across_devices True (conf/trainer/hf_trainer.yaml,
+`runner.trainers.hf_trainer:loss`) and False (hf_trainer_per_device.yaml, `:loss_per_device`):
+- the project's step 1 runs through its own path (`build_parts`: the hf_llama preset, a 2-layer
+  LlamaForCausalLM built from the seed, sharded by FSDP2 with custom.fsdp_reduce; the reducer from custom.fn;
+  `forward_backward`), W=2 grad_accum=2, data.valid_tokens=skewed, so the four micro-batches and the two
+  ranks hold very unequal valid-target counts;
+- the installed `transformers.Trainer` (DDP over the same gloo world, use_cpu, gradient_accumulation_steps=2,
+  max_steps=1, no clipping, sequential sampling) trains a model built from the same seed (bit-identical
+  weights) on the same rows, fed so that accelerate's batch sharding (batch b to rank b % W) hands every rank
+  the micro-batches the project's `local_micro_batches` gives it, in the same order. The project's labels are
+  already shifted, so they go in as `shift_labels` (which both the model's loss and
+  `Trainer._get_num_items_in_batch` take as they are; remove_unused_columns=False keeps them);
+- the Trainer's accumulated gradient (DDP's mean over the ranks, read in `on_pre_optimizer_step`, before the
+  optimizer) equals the rule's global gradient (FSDP's mean, full tensors), and the Trainer's logged loss equals
+  the rule's logged loss (the runner's `reported_loss`), to rtol 1e-5;
+- the null control: the two settings give different gradients and logged losses (the ranks' counts differ),
+  so the comparison above can fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gloo_world import run_in_world
+from helpers import run_config, step_one_through_parts
+from omegaconf import OmegaConf
+
+PRESETS = Path(__file__).resolve().parents[1] / "conf" / "trainer"
+SETTINGS = {True: "hf_trainer", False: "hf_trainer_per_device"}  # average_tokens_across_devices -> preset
+WORLD, GRAD_ACCUM = 2, 2
+
+pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
+
+
+def preset_config(name: str):
+    loaded = OmegaConf.load(PRESETS / f"{name}.yaml")
+    return run_config(
+        "hf_llama",
+        world_size=WORLD,
+        sp=1,
+        grad_accum=GRAD_ACCUM,
+        reduction="custom",
+        custom__fn=loaded.custom.fn,
+        custom__fsdp_reduce=loaded.custom.fsdp_reduce,
+        train__global_batch=8,
+        train__seq_len=48,
+        data__valid_tokens="skewed",
+        seed=7,
+    )
+
+
+class Rows(torch.utils.data.Dataset):
+    """The step's rows in the order accelerate deals them: dataset batch b = m * W + r is rank r's micro-batch m."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, rows_per_micro: int):
+        rows_per_rank = rows_per_micro * GRAD_ACCUM
+        order = [
+            r * rows_per_rank + m * rows_per_micro + i
+            for m in range(GRAD_ACCUM)
+            for r in range(WORLD)
+            for i in range(rows_per_micro)
+        ]
+        self.inputs, self.labels = inputs[order], labels[order]
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> dict:
+        labels = self.labels[index]
+        return {"input_ids": self.inputs[index], "labels": labels, "shift_labels": labels}
+
+
+def trainer_step(cfg, batch, average: bool, output_dir: str) -> tuple[dict, float, list]:
+    """On every rank: one step of the installed Trainer; (its pre-optimizer gradient, its logged loss, the
+    valid targets of each micro-batch this rank was handed)."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from runner.model.registry import build_model
+
+    model = build_model(cfg.model, cfg.seed).hf  # the LlamaForCausalLM the project's HFCausalLM wraps
+    seen: dict = {"grads": None, "loss": None, "counts": []}
+
+    class Capture(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            seen["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "loss" in logs:
+                seen["loss"] = logs["loss"]
+
+    class CountingTrainer(Trainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            seen["counts"].append(int((inputs["shift_labels"] != -100).sum()))
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    rows_per_micro = cfg.train.global_batch // (WORLD * GRAD_ACCUM)
+    args = TrainingArguments(
+        output_dir=output_dir,
+        use_cpu=True,
+        ddp_backend="gloo",
+        per_device_train_batch_size=rows_per_micro,
+        gradient_accumulation_steps=GRAD_ACCUM,
+        max_steps=1,
+        max_grad_norm=0.0,  # no clipping
+        average_tokens_across_devices=average,
+        train_sampling_strategy="sequential",
+        logging_strategy="steps",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        remove_unused_columns=False,  # else shift_labels (a loss kwarg, not in forward's signature) is dropped
+        seed=cfg.seed,
+    )
+    trainer = CountingTrainer(
+        model=model, args=args, train_dataset=Rows(batch.inputs, batch.labels, rows_per_micro), callbacks=[Capture()]
+    )
+    assert trainer.model_accepts_loss_kwargs  # the path the rules follow: num_items_in_batch reaches the loss
+    trainer.train()
+    return seen["grads"], seen["loss"], seen["counts"]
+
+
+def both_paths(output_dir: str) -> dict:
+    """On every rank: for each setting, (rule's gradient, rule's logged loss, L, Trainer's gradient, Trainer's
+    logged loss, the rule's and the Trainer's per-micro-batch counts on this rank)."""
+    import torch.distributed as dist
+
+    from runner.layout import ParallelLayout
+    from runner.model.parallel import build_meshes
+
+    meshes = build_meshes(ParallelLayout(WORLD, 1, GRAD_ACCUM), "cpu")
+    out = {}
+    for average, name in SETTINGS.items():
+        cfg = preset_config(name)
+        step, parts = step_one_through_parts(cfg, meshes)
+        rule = {n.removeprefix("hf."): p.grad.full_tensor() for n, p in parts.model.named_parameters()}
+        batch = parts.batches(1)
+        ours = [mb.valid_tokens for mb in parts.local_share(batch)]
+        grads, logged, counts = trainer_step(cfg, batch, average, f"{output_dir}/{name}-{dist.get_rank()}")
+        out[average] = dict(
+            rule=rule, rule_loss=step.reported, L=step.loss, trainer=grads, trainer_loss=logged, ours=ours, seen=counts
+        )
+    return out
+
+
+@pytest.mark.slow
+def test_the_hf_trainer_rules_give_the_real_trainers_gradient_and_logged_loss(tmp_path):
+    ranks = run_in_world(both_paths, WORLD, str(tmp_path), timeout_s=540)
+    for average in SETTINGS:
+        counts = [rank[average]["ours"] for rank in ranks]
+        assert [rank[average]["seen"] for rank in ranks] == counts  # the Trainer saw each rank's micro-batches
+    counts = [rank[True]["ours"] for rank in ranks]
+    assert len({c for rank in counts for c in rank}) == WORLD * GRAD_ACCUM  # four unequal micro-batches
+    assert sum(counts[0]) != sum(counts[1])  # and unequal ranks: the two settings must differ
+    result = ranks[0]
+    for average, name in SETTINGS.items():
+        got = result[average]
+        assert set(got["rule"]) == set(got["trainer"])
+        scale = max(float(g.abs().max()) for g in got["trainer"].values())
+        for param, grad in got["trainer"].items():
+            torch.testing.assert_close(
+                got["rule"][param], grad, rtol=1e-5, atol=1e-6 * scale, msg=lambda m: f"{name} {param}: {m}"
+            )
+        assert got["rule_loss"] == pytest.approx(got["trainer_loss"], rel=1e-5), name
+        for rank in ranks[1:]:  # DDP and FSDP both leave every rank the same global gradient
+            torch.testing.assert_close(rank[average]["trainer"], got["trainer"], rtol=0, atol=0)
+    assert result[True]["rule_loss"] == pytest.approx(result[True]["L"], rel=1e-5)  # average=True logs L
+    flat = {a: torch.cat([g.flatten() for g in result[a]["trainer"].values()]) for a in SETTINGS}
+    assert not torch.allclose(flat[True], flat[False], rtol=1e-3, atol=0), "the null control: settings must differ"
+    # the logged token means differ less (random weights: every token's loss is near log 256), but by more than
+    # the tolerance the losses were held to above
+    assert result[True]["trainer_loss"] != pytest.approx(result[False]["trainer_loss"], rel=1e-5)
