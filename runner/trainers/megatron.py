@@ -83,3 +83,26 @@ def default(logits, labels, ctx):
     loss, num_tokens = masked_loss_sum(logits, labels, ctx.ignore_index)
     report = (loss.detach(), num_tokens)
     return loss / torch.clamp(num_tokens, min=1) / ctx.grad_accum, report
+
+
+# NVIDIA/Megatron-LM PR #7513 (open: no merge commit; read from its description of 2026-09-19, "Fix
+# context-parallel normalization of masked training losses"): "Reduce a cloned token count over the explicit CP
+# group, normalize with the complete sequence's count, and compensate DDP's CP averaging", one scalar all-reduce
+# per micro-batch. Its loss is S_rsm x cp / (n_rm M), with n_rm the micro-batch's whole sequences' count (the
+# cp group's sum), under DDP's mean over dp x cp: (1/(dp M)) sum_dm dS_dm / n_dm, each dp rank's micro-batch
+# mean weighted alike. grad L at dp = 1 and M = 1 (one count per step); another direction wherever the dp ranks'
+# or the micro-batches' counts differ.
+PR_7513 = Source(
+    "NVIDIA/Megatron-LM",
+    "PR #7513 (open, unmerged): its description",
+    ("megatron/core/pipeline_parallel/schedules.py: forward_step_calc_loss, the cp-summed count and x cp",),
+)
+
+
+@custom_rule(upstream=(PR_7513,))
+def pr_7513(logits, labels, ctx):
+    """PR #7513's change: S_rsm / clamp(count all-reduced over cp, 1) x cp / M, FSDP mean over dp x cp."""
+    loss, num_tokens = masked_loss_sum(logits, labels, ctx.ignore_index)
+    sequence_tokens = num_tokens.detach().clone()
+    dist.all_reduce(sequence_tokens, group=ctx.sp_group)  # the PR's one scalar all-reduce per micro-batch
+    return loss / torch.clamp(sequence_tokens, min=1) * ctx.sp / ctx.grad_accum, (loss.detach(), num_tokens)
