@@ -70,3 +70,72 @@ def test_local_pth_sum_matches_previous_fp32_conversion(dtype):
     assert actual.dtype == torch.float32
     torch.testing.assert_close(actual.cpu(), expected.cpu())
     assert actual.item() == pytest.approx(17.6875)  # ours: every value is exact in float16, the squares sum to 17.6875
+
+
+# Upstream's `_fsdp_grad_norm_reduce_groups` tests (3506c435, the same file) name, for a parallel state, the
+# groups the squares are summed over. The paraphrase reads them off the gradients' DTensor placements
+# (`_shard_groups`): the adapter turns each state into the mesh and placements FSDP2 gives it. The cases a
+# 2-process world can hold: plain FSDP2 over 2 ranks, HSDP with 2 replicas of 1 shard, and no FSDP2
+# (plain tensors). Upstream's HSDP with dp_shard 4 and its sp cases need more ranks: not carried over.
+NORM_CASES = {
+    "plain_fsdp2": ((2,), ("dp_shard",)),  # test_fsdp_grad_norm_reduce_groups_use_fsdp_group_for_plain_fsdp2
+    "replicated_unsharded": ((2, 1), ("dp_replicate", "dp_shard")),  # ..._skip_replicated_unsharded_fsdp2
+}
+
+
+def in_world() -> dict:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from runner.trainers import veomni_grad_norm as rules
+
+    full = [torch.tensor([3.0, 4.0, 12.0, 0.0]), torch.tensor([1.0, -2.0])]  # |g|^2 = 169 + 5 = 174
+    ctx = SimpleNamespace(device=torch.device("cpu"), world_group=dist.group.WORLD)
+    out = {}
+    for name, (shape, names) in NORM_CASES.items():
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        placements = [Shard(0)] if len(shape) == 1 else [Replicate(), Shard(0)]
+        grads = [distribute_tensor(g, mesh, placements) for g in full]
+        groups = rules._shard_groups(grads)
+        out[name] = {
+            "groups": [sorted(dist.get_process_group_ranks(g)) for g in groups],
+            "after": float(rules._over_shard_group(grads, ctx)),
+            "before": float(rules._over_fsdp_group(grads, ctx)),
+        }
+    return out
+
+
+@pytest.fixture(scope="module")
+def norms():
+    from gloo_world import run_in_world
+
+    return run_in_world(in_world, 2)
+
+
+def test_fsdp_grad_norm_reduce_groups_use_fsdp_group_for_plain_fsdp2(norms):
+    """3506c435 test_fsdp_grad_norm_reduce_groups_use_fsdp_group_for_plain_fsdp2: one group, every FSDP rank;
+    both arms then give the true norm sqrt(174)."""
+    for rank in norms:
+        case = rank["plain_fsdp2"]
+        assert case["groups"] == [[0, 1]]
+        assert case["after"] == pytest.approx(174**0.5) and case["before"] == pytest.approx(174**0.5)
+
+
+def test_fsdp_grad_norm_reduce_groups_skip_replicated_unsharded_fsdp2(norms):
+    """3506c435 test_fsdp_grad_norm_reduce_groups_skip_replicated_unsharded_fsdp2: no group. After the fix the
+    norm is the replica's own, sqrt(174); before it (fsdp_group, both replicas) sqrt(2 x 174)."""
+    for rank in norms:
+        case = rank["replicated_unsharded"]
+        assert case["groups"] == []
+        assert case["after"] == pytest.approx(174**0.5)
+        assert case["before"] == pytest.approx((2 * 174) ** 0.5)
+
+
+def test_fsdp_grad_norm_reduce_groups_skip_non_fsdp2_modes():
+    """3506c435 test_fsdp_grad_norm_reduce_groups_skip_non_fsdp2_modes: gradients that are no DTensor, no group."""
+    from runner.trainers.veomni_grad_norm import _shard_groups
+
+    assert _shard_groups([torch.ones(3), torch.ones(2)]) == []
