@@ -21,7 +21,8 @@ import pandas as pd
 from analysis.bugs.table import NOT_REPRODUCED, results_in_words
 from analysis.gradients.groups import NotComparable
 from analysis.gradients.tolerances import Tolerances
-from analysis.load.sweeps import NOT_RUN, newest_result, not_a_result
+from analysis.load.jobs import newest_result, not_a_result
+from analysis.load.sweeps import NOT_RUN
 from analysis.pipeline import analyze
 from analysis.trainers.table import judged_elsewhere
 from analysis.wandb_log import WANDB_MODES

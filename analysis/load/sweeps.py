@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
-from analysis.load.invocations import earlier_invocation_note, earlier_invocations
+from analysis.load.jobs import distinct_jobs, recordless
 from analysis.load.provenance import COLUMNS as PROVENANCE
 from analysis.load.provenance import provenance
 from runner.record.config_file import read_config
@@ -79,43 +79,6 @@ class Sweeps:
 
 def is_cost_job(row: dict) -> bool:
     return bool(row.get("cost.modes"))
-
-
-def newest_result(roots: tuple[Path, ...] = (Path("multirun"), Path("outputs"))) -> Path:
-    """The newest sweep (multirun/<date_time>) or single run (outputs/<date_time>), by modification time."""
-    found = [
-        path
-        for root in roots
-        if root.is_dir()
-        for path in root.iterdir()
-        if (path / "multirun.yaml").exists() or (path / "config.yaml").exists()
-    ]
-    if not found:
-        where = " or ".join(f"{root}/" for root in roots)
-        raise FileNotFoundError(f"no sweep or run under {where} (run `make run` first, or pass a directory)")
-    return max(found, key=lambda path: path.stat().st_mtime)
-
-
-def job_dirs(path: Path) -> list[tuple[Path, Path]]:
-    """(the folder that names it, the job directory) of every job at `path`: a job directory itself
-    (it holds config.yaml), or a sweep's or run's folder with job directories in it. Hidden folders
-    (Hydra's .hydra/ holds a config.yaml too) are not jobs."""
-    if (path / "config.yaml").exists():
-        return [(path.parent, path)]
-    if not path.is_dir():
-        return []
-    children = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-    return [(path, child) for child in children if (child / "config.yaml").exists()]
-
-
-def not_a_result(path: Path) -> str | None:
-    """Why `path` cannot be analysed, or None."""
-    expected = "give a sweep directory (multirun/<date_time>), a run's (outputs/<date_time>) or a job's"
-    if not path.exists():
-        return f"{path} does not exist; {expected}"
-    if not path.is_dir():
-        return f"{path} is a file; {expected}"
-    return None
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:
@@ -236,30 +199,6 @@ def _read_metrics(paths: list[Path]) -> list[pa.Table | None]:
     return tables
 
 
-def distinct_jobs(sweeps: list[Path]) -> tuple[list[tuple[Path, Path]], list[str]]:
-    """The jobs at `sweeps`, each once (a folder given twice, `s1 s1/`, or a job given beside its sweep), and a
-    note for each one given again; a sweep's jobs of an earlier invocation into its folder are left out, with a
-    note (`analysis.load.invocations`)."""
-    jobs, seen, notes = [], {}, []
-    for sweep in sweeps:
-        found = job_dirs(sweep)
-        earlier = set(earlier_invocations(sweep, [job for named, job in found if named == sweep]))
-        if earlier:
-            notes.append(earlier_invocation_note(sweep, sorted(earlier)))
-        for named, job in found:
-            if job in earlier:
-                continue
-            key = job.resolve()
-            if key in seen:
-                notes.append(f"{job} was given twice (also as {seen[key]}): analysed once")
-                continue
-            seen[key] = job
-            jobs.append((named, job))
-    if len(notes) > 3:
-        notes = [*notes[:2], f"... and {len(notes) - 2} more jobs given twice: each analysed once"]
-    return jobs, notes
-
-
 def _unmeasured_cost_job(row: dict, job: Path) -> str | None:
     """Why a cost job holds no measurement to analyse (None: it holds one)."""
     refused = job / "refused.json"
@@ -289,25 +228,11 @@ def _refusal_reason(path: Path) -> str:
     return " ".join(str(reason).split())
 
 
-def _recordless(sweeps: list[Path]) -> list[str]:
-    """Folders in a sweep that a job started (Hydra's .hydra/ is there) but that hold no config.yaml: a job,
-    such as `make run`'s cost job, that stopped before it recorded anything."""
-    notes = []
-    for sweep in sweeps:
-        if not sweep.is_dir() or (sweep / "config.yaml").exists():
-            continue
-        for child in sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if (child / ".hydra").is_dir() and not (child / "config.yaml").exists():
-                what = "the cost job" if child.name == "cost" else "a job"
-                notes.append(f"{what} in {child} left no record (no config.yaml): it stopped before it was admitted")
-    return notes
-
-
 def load_sweeps(sweeps: list[Path]) -> Sweeps:
     """Every job at the given paths (sweeps, single runs or job directories), each once, as `runs` and `steps`;
     interleaved cost jobs that measured apart, in `cost_jobs`; `notes` says what was left out and why."""
     jobs, notes = distinct_jobs(sweeps)
-    notes += _recordless(sweeps)
+    notes += recordless(sweeps)
     if not jobs:
         raise FileNotFoundError(
             f"no job directories (with config.yaml) in {', '.join(map(str, sweeps))}; give a sweep, run or job directory"
