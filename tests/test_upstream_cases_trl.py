@@ -13,7 +13,11 @@ Upstream's inputs are a tiny model's generations; here each process's completion
 advantages are drawn from a seeded generator, and the relation is upstream's. The adapter: the rules'
 per-token loss is -A_i log p (`runner.trainers.policy_gradient`), linear in log p; the test hands them
 log p = 1 at every target (replacing `token_logps`), so their value is TRL's -A_i x coef_1 at coef_1 = 1, and
-their gradient in log p is TRL's. Two gloo processes stand for accelerate's.
+their gradient in log p is TRL's. Two gloo processes stand for accelerate's. The runner's rules cover
+steps_per_generation = GA (`dapo`, called as registered, with its start_step) and 1 (`dapo_spg1`); the other
+two cases call the same normaliser (`_dapo`) with the case's steps_per_generation, and the count from
+`generation_tokens` (2, 4) or, where a generation batch spans two optimizer steps (4, 2), its tokens summed
+over the processes with the rules' `dp_sum`.
 """
 
 from __future__ import annotations
@@ -74,7 +78,9 @@ def in_world(cases) -> list:
                 world_group=world, dp_group=world, sp_group=world, device=torch.device("cpu"),
                 responses=responses,
             )  # fmt: skip
-            if ga % spg == 0:  # the generation batches lie within the step: the rules' own count
+            if spg == ga:  # the default: the registered rule's own start_step
+                plan = rules.dapo.start_step(ctx)
+            elif ga % spg == 0:  # the generation batches lie within the step: the rules' own count
                 plan = rules.generation_tokens(ctx, spg)
             else:  # a generation batch spans optimizer steps (spg > GA): its tokens, over the processes
                 first = (micro[0] // spg) * spg
@@ -91,7 +97,11 @@ def in_world(cases) -> list:
                         **{f: getattr(ctx, f) for f in ctx.__dataclass_fields__ if f != "plan"},
                         plan=plan, micro_batch=i, shard_tokens=0, sequence_tokens=0,
                     )  # fmt: skip
-                    loss = rules._dapo(torch.zeros(ROWS, MAX_COMPLETION, 2), labels[i], lctx, spg, window_factor=factor)
+                    logits = torch.zeros(ROWS, MAX_COMPLETION, 2)
+                    if factor and spg == ga:  # the registered rule `dapo` itself
+                        loss = rules.dapo(logits, labels[i], lctx)
+                    else:
+                        loss = rules._dapo(logits, labels[i], lctx, spg, window_factor=factor)
                     loss.backward()
                     got[factor] = (loss.detach(), logps["leaf"].grad)
                 mask = labels[i] != IGNORE_INDEX
