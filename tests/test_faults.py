@@ -40,6 +40,7 @@ def run_job(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], float]:
     # A failed job is recorded, and its run exits 1; an injected NaN's divergence is the expected outcome.
     assert done.returncode == (1 if summary["status"] == "failed" else 0), done.stdout + done.stderr
     lines = (job / "metrics.jsonl").read_text().splitlines() if (job / "metrics.jsonl").exists() else []
+    summary["terminal"] = done.stdout + done.stderr  # what the user saw
     return summary, [json.loads(line) for line in lines], wall
 
 
@@ -67,6 +68,9 @@ def test_a_rank_killed_by_sigkill_is_named_as_the_cause_not_its_peers_reset(tmp_
     info, records, wall = run_job(tmp_path, "fault.kind=kill", "fault.rank=1")
     assert info["status"] == "failed" and info["failed_rank"] == 1, info
     assert info["error"].startswith("rank 1 was killed by SIGKILL (the kernel's OOM killer sends it"), info
+    # rank 0's own failure (its peer gone) is one line on the terminal, before the launcher's root cause
+    terminal = info["terminal"]
+    assert "Traceback" not in terminal and "rank 0: " in terminal and "rank 1 was killed by SIGKILL" in terminal
     assert [r["step"] for r in records] == list(range(1, FAULT_STEP))
     assert wall < 60
 

@@ -161,7 +161,15 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
         marks["teardown"] = time.time()
         code = 0
     except BaseException as error:  # KeyboardInterrupt too: record it, then exit non-zero
-        traceback.print_exc()
+        if env.is_main:  # rank 0's output is the terminal's: one line; the launcher then names the root cause
+            first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+            print(
+                f"rank {env.rank}: {type(error).__name__}: {first} (its traceback: logs/rank{env.rank}.error.json)",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:  # the other ranks' output is their log's alone
+            traceback.print_exc()
         summary.update(status="failed", error=f"rank {env.rank}: {type(error).__name__}: {error}")
         write_error_record(job_dir, env.rank, error)
         if logger is not None:
