@@ -109,10 +109,11 @@ test: setup-trainers
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q $(ARGS)
 
-# The suite less its slow-marked tests (real worlds of Hugging Face models, whole trainer-rule runs): for
-# quick local runs; `make test` and CI run everything.
+# The in-process tier: the suite less its slow-marked tests and those in modules that start processes (worlds of
+# ranks, launches: tests/conftest.py marks them `launches`), for a contributor's inner loop; `make test` and CI
+# run everything.
 test-fast: setup-trainers
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow and not launches" $(ARGS)
 
 analyze: setup
 	$(PY) -m analysis $(ARGS)
