@@ -11,7 +11,7 @@
   refused in about a second.
 - The analysis reads the runner's output through the record side only
   (`runner.record`, plus the torch-free schema it is written in: `runner.config`
-  with its ranges, `runner.modes`, `runner.layout`), and never imports torch.
+  with its ranges, `runner.modes`, `runner.layout`, `runner.trajectory`), and never imports torch.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ import runner.sweep
 
 SWEEP_SIDE = ["runner.__main__"] + [info.name for info in pkgutil.walk_packages(runner.sweep.__path__, "runner.sweep.")]
 ANALYSIS = sorted(info.name for info in pkgutil.walk_packages(analysis.__path__, "analysis."))
-RECORD_SIDE = ("runner.record", "runner.config", "runner.ranges", "runner.modes", "runner.layout")
+RECORD_SIDE = ("runner.record", "runner.config", "runner.ranges", "runner.modes", "runner.layout", "runner.trajectory")
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. A file may import from its own package and from the layers below its own, never from above
 # nor from another package of its own layer.
 RUNNER_LAYERS = [
     ("runner.extras",),  # the optional extras and the command that installs one (torch-free)
-    ("runner.ranges", "runner.modes", "runner.layout", "runner.callables"),  # the schema's leaves, torch-free
+    # the schema's leaves, torch-free
+    ("runner.ranges", "runner.modes", "runner.layout", "runner.callables", "runner.trajectory"),
     ("runner.config",),  # the typed config
     ("runner.record",),  # what a job leaves and how it is read back
     ("runner.data", "runner.model"),
