@@ -13,9 +13,16 @@ How the engine calls it, read at the same commit:
   `dp_size` = world / sp; each micro-batch's loss is backpropagated as it is (no / GA).
 - verl/trainer/ppo/ray_trainer.py, `_update_actor`: `global_batch_size` = ppo_mini_batch_size x rollout.n,
   the mini-batch's sequences over all dp ranks (`ctx.sequences`).
-- verl/workers/utils/losses.py, `ppo_loss`: those, and `loss_scale_factor` from the actor config (None by
-  default), reach `agg_loss`; verl/workers/utils/padding.py, `no_padding_2_padding`: a micro-batch's
-  responses are right-padded to its longest, so `loss_mask.shape[-1]` is that length.
+- verl/workers/utils/losses.py, `ppo_loss` (L59): those, and `loss_scale_factor` from the actor config (None by
+  default), reach `agg_loss`, whose seq-mean-token-sum-norm divides by `loss_mask.shape[-1]` where it is None
+  (core_algos.py L1190-1193). That width is `no_padding_2_padding`'s (verl/workers/utils/padding.py L113-125):
+  the `max_response_len` recorded by `left_right_2_no_padding` (L49-51: `response_mask.shape[1]`, the whole
+  batch's padded response width), which `_update_actor` (verl/trainer/ppo/ray_trainer.py L1335) applies to the
+  batch before it is split; only responses that arrive nested with no width recorded are padded to the
+  micro-batch's longest (L118-119). So on the trainer's path the width is one constant for every micro-batch,
+  rank and layout (the agent loop pads every response to `rollout.response_length`): that is the `_constant`
+  rule (`seq_mean_token_sum_norm_constant`, invariant); `seq_mean_token_sum_norm` is the fallback's, each
+  micro-batch over its own longest response.
 - Ulysses: the loss of whole sequences on every sp rank (`runner.trainers.policy_gradient`); FSDP's mean.
 
 Per micro-batch m of dp rank r, over its whole responses (l_it = -A_i log p, n = |o_i|, B_g = the step's
@@ -166,13 +173,15 @@ def seq_mean_token_mean(logits, labels, ctx):
 
 @custom_rule(upstream=(UPSTREAM,), start_step=batch_info)
 def seq_mean_token_sum_norm(logits, labels, ctx):
-    """seq-mean-token-sum-norm with loss_scale_factor None (the default): / the micro-batch's longest response."""
+    """seq-mean-token-sum-norm with loss_scale_factor None, padded as `no_padding_2_padding`'s fallback (no width
+    recorded): / the micro-batch's longest response. The trainer's own path records one width: `_constant`."""
     return aggregate(logits, labels, ctx, "seq-mean-token-sum-norm", **ctx.plan)
 
 
 @custom_rule(upstream=(UPSTREAM,), start_step=lambda ctx: batch_info(ctx, ctx.objective.max_response))
 def seq_mean_token_sum_norm_constant(logits, labels, ctx):
-    """seq-mean-token-sum-norm with loss_scale_factor = objective.max_response (a constant, as its doc advises)."""
+    """seq-mean-token-sum-norm over a constant width, objective.max_response: the trainer's path (`_update_actor`
+    records the batch's padded response width for every micro-batch), or a loss_scale_factor set, as its doc advises."""
     return aggregate(logits, labels, ctx, "seq-mean-token-sum-norm", **ctx.plan)
 
 
