@@ -111,7 +111,13 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
     # The mode's or rule's own, beside what the runner issues for every run (`local`'s: the step's valid-token
     # count and the logged loss, one all-reduce each), so that a trainer's row says what the trainer issues.
-    runner_calls = np.array([sum(facts(Reduction.local).loss_collectives(int(m)).values()) for m in runs["grad_accum"]])
+    runner_calls = np.array(
+        [
+            sum(facts(Reduction.local).loss_collectives(int(m)).values()) if pd.notna(m) else np.nan
+            for m in runs["grad_accum"]
+        ],
+        dtype=float,
+    )  # NaN for a job whose config did not read
     out["own_loss_all_reduce_calls"] = out["loss_all_reduce_calls"] - runner_calls
 
     times = a["step_time_s"].copy()
