@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from analysis.bugs.table import REPRODUCED_BY, SHOWN_AS
 from runner.config import register_configs, run_config_from
 from runner.modes import grad_norm_factor
+from runner.sweep.custom_check import check_all, forget_checked
 from runner.sweep.validate import config_problems
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -31,7 +32,18 @@ def composed(overrides: list[str], hydra_node: bool = False):
         return compose("config", overrides, return_hydra_config=hydra_node)
 
 
-def test_every_bug_and_arm_is_a_job_at_the_bugs_layout_and_every_job_is_admitted():
+@pytest.fixture
+def arms_checked():
+    """Every arm's callable checked in one subprocess, as the sweep's preflight does (`check_all`): the per-job
+    checks then answer from it instead of one subprocess per callable. Forgotten after the test."""
+    check_all(
+        [OmegaConf.load(CONF / "bug" / f"{bug}.yaml").known_bug[arm].fn for bug in BUGS for arm in ("buggy", "fixed")]
+    )
+    yield
+    forget_checked()
+
+
+def test_every_bug_and_arm_is_a_job_at_the_bugs_layout_and_every_job_is_admitted(arms_checked):
     params = composed(["experiment=bugs"], hydra_node=True).hydra.sweeper.params
     assert sorted(params.bug.split(",")) == BUGS and params.bug_arm.split(",") == ARMS
     assert len(BUGS) >= 8
