@@ -192,3 +192,23 @@ def test_a_stop_signal_saves_the_step_every_rank_agrees_on_and_the_rerun_resumes
     assert f"resumes from its newest complete checkpoint, step {stopped_at}" in again
     assert records(job) == records(tmp_path / "whole")
     assert read_summary(job)["final_state_sha256"] == read_summary(tmp_path / "whole")["final_state_sha256"]
+
+
+@pytest.mark.slow
+def test_a_completed_run_given_more_steps_continues_from_its_checkpoint_bit_identical(tmp_path):
+    """train.steps changes no step's computation: a completed 12-step run rerun with train.steps=16 continues
+    from its newest checkpoint (step 10: the last step keeps none) and ends as a 16-step run from scratch does;
+    with fewer steps than its newest checkpoint it is another run, superseded."""
+    longer = [f"train.steps={16}", *QUICK[1:], "world_size=2"]
+    finished(run([*longer, "hydra.run.dir=whole"], tmp_path))
+    finished(run([*QUICK, "world_size=2", "hydra.run.dir=grown"], tmp_path))
+    assert checkpoints.newest_complete(tmp_path / "grown")[0] == 10
+    out = finished(run([*longer, "hydra.run.dir=grown"], tmp_path))
+    assert "resumes from its newest complete checkpoint, step 10 (an attempt of other train.steps: 12 -> 16;" in out
+    summary = read_summary(tmp_path / "grown")
+    assert summary["resumed_from_step"] == 10 and summary["status"] == "completed"
+    assert records(tmp_path / "grown") == records(tmp_path / "whole")  # every step once, each as the 16-step run's
+    assert summary["final_state_sha256"] == read_summary(tmp_path / "whole")["final_state_sha256"]
+
+    out = finished(run([*QUICK[1:], "train.steps=9", "world_size=2", "hydra.run.dir=grown"], tmp_path))
+    assert "held an earlier run of another identity" in out and "train.steps: 16 -> 9" in out

@@ -139,7 +139,7 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     if arrived:  # stopped before anything of this attempt was written
         rerun.record_interrupted(place.job_dir, arrived[0], since=place.started, ours=True)
         return {"status": "failed"}
-    earlier = rerun.earlier_attempt(place.job_dir, identity)
+    earlier = rerun.earlier_attempt(place.job_dir, identity, verdict.config_yaml)
     if earlier == "completed":
         log.info(f"{place.tag} {job.name}: skipped, completed earlier in {place.job_dir}")
         record_outcome(place.job_dir, "skipped", skip_reason="completed earlier with the same identity")
@@ -150,12 +150,11 @@ def _run(hydra_task_cfg: DictConfig, place: JobPlace, arrived: list[int]) -> dic
     if main_rank:
         if earlier == "different":
             _supersede(place, job, verdict.config_yaml, identity)
-        resumes = rerun.resumable(place.job_dir, cfg.train.checkpoint_every) if earlier == "unfinished" else None
+        resuming = earlier in ("unfinished", "continued")
+        resumes = rerun.resumable(place.job_dir, cfg.train.checkpoint_every) if resuming else None
         if resumes is not None:
-            log.info(
-                f"{place.tag} {job.name}: resumes from its newest complete checkpoint, step {resumes} (an unfinished "
-                "attempt; its ranks pass over one whose files are damaged)"
-            )
+            why = rerun.resume_reason(place.job_dir, earlier, verdict.config_yaml)
+            log.info(f"{place.tag} {job.name}: resumes from its newest complete checkpoint, step {resumes} ({why})")
         # an unfinished or stale attempt's files; config.yaml and config.json anew below
         rerun.clear(place.job_dir, keep=rerun.RESUMED_FILES if resumes is not None else ())
         write_config(place.job_dir / "config.yaml", verdict.config_yaml)

@@ -8,6 +8,10 @@ config, the data's, tokenizer's, model config's and callable's content, the pack
 - the same identity, not completed (failed, diverged, interrupted, killed): it resumes from its newest complete
   checkpoint (`train.checkpoint_every`; its checkpoints and records are kept, the rest cleared), or, with none,
   its files are cleared and it runs again from step 1;
+- the same identity but for keys that change no step's computation (`CONTINUABLE`: train.steps, the
+  printing cadence, the timeouts), completed or not, with a complete checkpoint before the new train.steps:
+  it continues from that checkpoint (`python -m runner train.steps=400 ...` after 200, or after a Ctrl-C with
+  another train.steps), as an unfinished attempt resumes;
 - another identity (a changed `data.path`, the same path with other contents, another torch), or none
   recorded, where the attempt ran: its files move to `superseded/<job>-<time>/` beside the job directory,
   whatever its status, and one log line names what differs. The analysis reads job directories only, so it
@@ -55,8 +59,9 @@ def holds_results(job_dir: Path) -> bool:
     return status in ("completed", "failed", "diverged") or (job_dir / "metrics.jsonl").exists()
 
 
-def earlier_attempt(job_dir: Path, identity: dict) -> str:
+def earlier_attempt(job_dir: Path, identity: dict, config_yaml: str | None = None) -> str:
     """What the directory holds: "none"; "completed" or "unfinished" (an attempt with this identity);
+    "continued" (this identity but for `CONTINUABLE` keys of `config_yaml`, with a checkpoint to continue from);
     "different" (another identity, or none recorded, that ran: its results are kept); "stale" (an attempt that
     never ran: refused, skipped, interrupted before its ranks started)."""
     summary = read_summary(job_dir)
@@ -65,8 +70,31 @@ def earlier_attempt(job_dir: Path, identity: dict) -> str:
     if not holds_results(job_dir):
         return "stale"
     if (summary or {}).get("identity", {}).get("digest") != identity["digest"]:
-        return "different"
+        return "continued" if _continues(job_dir, summary or {}, identity, config_yaml) else "different"
     return "completed" if summary.get("status") == "completed" else "unfinished"
+
+
+# Keys whose change leaves every step's computation as it was (runner.trajectory), and whose records an earlier
+# attempt's steps share with a new one: how many steps, how often a step is printed, when a job is killed.
+CONTINUABLE = ("train.steps", "train.log_every", "timeout_s", "dist.timeout_s")
+
+
+def _continues(job_dir: Path, summary: dict, identity: dict, config_yaml: str | None) -> bool:
+    """Whether an earlier attempt that differs from `identity` in CONTINUABLE keys alone can be continued: the
+    rest of its identity (data, code, versions) the same, and a complete checkpoint before the new train.steps."""
+    old = summary.get("identity") or {}
+    same_rest = {k: v for k, v in (old.get("parts") or {}).items() if k != "config"} == {
+        k: v for k, v in identity["parts"].items() if k != "config"
+    } and old.get("versions") == identity["versions"]
+    if config_yaml is None or not same_rest or not (job_dir / "config.yaml").exists():
+        return False
+    old_flat = flat_config(parse_config((job_dir / "config.yaml").read_text()) or {})
+    new_flat = flat_config(parse_config(config_yaml) or {})
+    changed = {key for key in old_flat.keys() | new_flat.keys() if old_flat.get(key) != new_flat.get(key)}
+    if not changed or not changed <= set(CONTINUABLE) or not new_flat.get("train.checkpoint_every"):
+        return False
+    newest = checkpoints.newest_complete(job_dir)
+    return newest is not None and newest[0] < int(new_flat["train.steps"])
 
 
 def differing_keys(old_yaml: str, new_yaml: str) -> list[str]:
@@ -103,6 +131,14 @@ def supersede(job_dir: Path) -> Path:
             shutil.move(str(job_dir / name), str(target / name))
     (job_dir / REFUSED).unlink(missing_ok=True)
     return target
+
+
+def resume_reason(job_dir: Path, earlier: str, config_yaml: str) -> str:
+    """Why a job resumes, for its log line: an unfinished attempt, or one of other CONTINUABLE keys (named)."""
+    what = "an unfinished attempt"
+    if earlier == "continued":
+        what = "an attempt of other " + "; ".join(differing_keys((job_dir / "config.yaml").read_text(), config_yaml))
+    return f"{what}; its ranks pass over a checkpoint whose files are damaged"
 
 
 def resumable(job_dir: Path, checkpoint_every: int) -> int | None:
