@@ -26,7 +26,11 @@ GOAL = 1.5
 
 def timed(command: list[str], cwd: Path) -> float:
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, cwd=cwd)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    if done.returncode != 0:  # the job's own words, not only its exit status
+        raise RuntimeError(
+            f"{' '.join(command[1:])} exited with {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
     return time.perf_counter() - started
 
 
