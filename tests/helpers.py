@@ -100,15 +100,12 @@ def cli_verdict(args: list[str]) -> CliVerdict:
     the runner's schema (`register_configs`), whose errors it prints as `hydra.main` does and turns into
     EXIT_INVALID as `runner.__main__._main` does; then `runner.sweep.job`'s `admit` (sweeping=False, this
     machine, Hydra's trainer choice) and `machine_shortfall` (a valid job this machine cannot run)."""
-    import copy
-
     from hydra import compose, initialize_config_dir
     from hydra.errors import CompactHydraException, HydraException
-    from omegaconf import open_dict, read_write
     from omegaconf.errors import OmegaConfBaseException
 
     from runner.config import register_configs
-    from runner.sweep.admission import Refused, admit
+    from runner.sweep.admission import Refused, admit_composed
     from runner.sweep.machine import machine_shortfall, usable_cpu_cores, visible_cuda_devices
     from runner.sweep.overrides import CONF, override_problems, quote_home_paths
     from runner.sweep.validate import EXIT_INVALID, InvalidConfig
@@ -126,19 +123,8 @@ def cli_verdict(args: list[str]) -> CliVerdict:
             if isinstance(error, CompactHydraException) and isinstance(error.__cause__, OmegaConfBaseException):
                 message += f"\n{error.__cause__}"
             return CliVerdict(EXIT_INVALID, message, None)
-    trainer = cfg.hydra.runtime.choices.get("trainer")
-    task = copy.deepcopy(cfg)  # the task config Hydra passes to the job: its own key removed
-    with read_write(task), open_dict(task):
-        del task["hydra"]
     machine = {"cuda_devices": visible_cuda_devices(), "cpu_cores": usable_cpu_cores()}
-    verdict = admit(
-        task,
-        machine=machine,
-        sweeping=False,
-        trainer=trainer,
-        choices=dict(cfg.hydra.runtime.choices),
-        task_overrides=list(cfg.hydra.overrides.task),
-    )
+    verdict = admit_composed(cfg, machine=machine, sweeping=False)  # as the job's admit, from Hydra's node
     if isinstance(verdict, Refused):
         return CliVerdict(EXIT_INVALID, str(InvalidConfig(verdict.problems)), "invalid")
     shortfall = machine_shortfall(verdict.cfg, machine["cuda_devices"])

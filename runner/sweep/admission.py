@@ -69,3 +69,17 @@ def admit(
     if problems:
         return Refused(problems, config_yaml)
     return Admitted(cfg, config_yaml, ParallelLayout.from_config(cfg), ignored)
+
+
+def admit_composed(job: DictConfig, *, machine: dict | None, sweeping: bool) -> Admitted | Refused:
+    """`admit` of a job config composed with its Hydra node (`compose(..., return_hydra_config=True)`), which
+    gives the trainer choice, the runtime choices and the job's overrides."""
+    choices = dict(job.hydra.runtime.choices)
+    return admit(
+        job,
+        machine=machine,
+        sweeping=sweeping,
+        trainer=choices.get("trainer"),
+        choices=choices,
+        task_overrides=list(job.hydra.overrides.task),
+    )

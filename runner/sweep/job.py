@@ -35,7 +35,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from runner.config import rank_config
-from runner.record import checkpoints
 from runner.record.config_file import write_config
 from runner.record.summary import read_summary, update_summary
 from runner.sweep import folder_lock, forked, interrupts, rerun
@@ -245,7 +244,7 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
         root_cause = {}
         if outcome.interrupted:
             name = interrupts.Interrupted(outcome.interrupted).name
-            error = f"interrupted ({name}) {_progress(job_dir)}"
+            error = f"interrupted ({name}) {rerun.progress(job_dir)}"
             # What stopped the job is the launcher's signal (a Ctrl-C is SIGINT); it stopped the ranks with SIGTERM.
             ranks = (read_summary(job_dir) or {}).get("stopped_by")
             root_cause = {"stopped_by": name, **({"ranks_stopped_by": ranks} if ranks and ranks != name else {})}
@@ -264,21 +263,6 @@ def _record_world(job_dir: Path, cfg, outcome) -> dict:
     return record_outcome(
         job_dir, status, status=status, returncodes=outcome.returncodes, job_wall_s=round(outcome.wall_s, 3)
     )
-
-
-def _progress(job_dir: Path) -> str:
-    """How far an interrupted job got, from its metrics file, and where a rerun starts."""
-    metrics = job_dir / "metrics.jsonl"
-    steps = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-    newest = checkpoints.newest_complete(job_dir)
-    rerun_starts = (
-        f"a rerun into this directory resumes from its checkpoint of step {newest[0]}"
-        if newest is not None
-        else "a rerun into this directory runs it again"
-    )
-    if not steps:
-        return f"before its first step was recorded; {rerun_starts}"
-    return f"after {steps} recorded step(s), which are kept; {rerun_starts}"
 
 
 def _report(tag: str, name: str, summary: dict, wall_s: float) -> None:

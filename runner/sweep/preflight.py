@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.sweep.admission import Admitted, Refused, admit
+from runner.sweep.admission import Admitted, Refused, admit_composed
 from runner.sweep.custom_check import check_all
 from runner.sweep.ignored import swept_notes
 from runner.sweep.machine import usable_cpu_cores, visible_cuda_devices
@@ -89,17 +89,7 @@ class SweepPreflight(Callback):
         )
         # The jobs' own rules (`admit`): a job listed here as invalid is refused by the same call when it starts.
         verdicts = [
-            job
-            if isinstance(job, Refused)
-            else admit(
-                job,
-                machine=here,
-                sweeping=True,
-                trainer=trainer,
-                choices=dict(job.hydra.runtime.choices),
-                task_overrides=list(job.hydra.overrides.task),
-            )
-            for job, trainer in zip(composed, trainers)
+            job if isinstance(job, Refused) else admit_composed(job, machine=here, sweeping=True) for job in composed
         ]
         admitted = [(n, v.cfg, v.ignored) for n, v in enumerate(verdicts) if isinstance(v, Admitted)]
         notes, unread = swept_notes(admitted)

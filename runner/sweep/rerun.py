@@ -133,6 +133,21 @@ def supersede(job_dir: Path) -> Path:
     return target
 
 
+def progress(job_dir: Path) -> str:
+    """How far an interrupted job got, from its metrics file, and where a rerun starts."""
+    metrics = job_dir / "metrics.jsonl"
+    steps = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+    newest = checkpoints.newest_complete(job_dir)
+    rerun_starts = (
+        f"a rerun into this directory resumes from its checkpoint of step {newest[0]}"
+        if newest is not None
+        else "a rerun into this directory runs it again"
+    )
+    if not steps:
+        return f"before its first step was recorded; {rerun_starts}"
+    return f"after {steps} recorded step(s), which are kept; {rerun_starts}"
+
+
 def resume_reason(job_dir: Path, earlier: str, config_yaml: str) -> str:
     """Why a job resumes, for its log line: an unfinished attempt, or one of other CONTINUABLE keys (named)."""
     what = "an unfinished attempt"
