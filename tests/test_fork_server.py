@@ -296,3 +296,22 @@ def test_a_forked_ranks_proc_environ_and_cmdline_are_its_own(tmp_path, probe_env
     assert Path(f"/proc/{rank.pid}/cmdline").read_bytes() == b"".join(os.fsencode(a) + b"\0" for a in expected)
     rank.send_signal(signal.SIGKILL)
     wait_until(lambda: rank.poll() is not None)
+
+
+def test_a_thread_that_ended_is_not_counted_and_one_alive_is_named():
+    from runner.world import proc_identity
+
+    before = proc_identity.other_threads(settle_s=0.05)
+    for _ in range(50):  # joined threads: the kernel may list each a moment longer; none may be counted
+        ended = threading.Thread(target=lambda: None)
+        ended.start()
+        ended.join()
+        assert proc_identity.other_threads() == before
+    release = threading.Event()
+    alive = threading.Thread(target=release.wait)
+    alive.start()
+    try:
+        assert len(proc_identity.other_threads(settle_s=0.05)) == len(before) + 1
+    finally:
+        release.set()
+        alive.join()

@@ -156,8 +156,9 @@ def _reap() -> None:
 
 def _unfit() -> str | None:
     """Why this server cannot fork a rank that is what a fresh interpreter would be, or None."""
-    if proc_identity.threads() != 1:
-        return f"{proc_identity.threads()} threads in the server, where a fork needs one"
+    others = proc_identity.other_threads()
+    if others:
+        return f"threads besides its own in the server ({', '.join(others)}), where a fork needs none"
     with open("/proc/self/cmdline", "rb") as cmdline, open("/proc/self/environ", "rb") as environ:
         argv = [os.fsdecode(arg) for arg in cmdline.read().split(b"\0")[:-1]]
         entries = [entry.split(b"=", 1) for entry in environ.read().split(b"\0") if b"=" in entry]
@@ -172,8 +173,9 @@ def _handle(request: dict, server: int) -> None:
             os.kill(pid, signal.SIGKILL)
         _reply({"id": request["cancel"], "cancelled": pid})
         return
-    if proc_identity.threads() != 1:  # a thread started since the preload: the child would lack it
-        _reply({"id": request["id"], "error": f"{proc_identity.threads()} threads in the server"})
+    others = proc_identity.other_threads()
+    if others:  # a thread started since the preload: the child would lack it
+        _reply({"id": request["id"], "error": f"threads besides its own in the server: {', '.join(others)}"})
         return
     try:
         pid = os.fork()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
+import time
 
 _PR_SET_MM, _PR_SET_MM_MAP = 35, 14  # linux/prctl.h
 _kept: list = []  # the buffers the kernel now reads a process's arguments and environment from
@@ -25,6 +27,28 @@ _kept: list = []  # the buffers the kernel now reads a process's arguments and e
 def threads() -> int:
     """This process's threads, as the kernel counts them."""
     return len(os.listdir("/proc/self/task"))
+
+
+def other_threads(settle_s: float = 0.5) -> list[str]:
+    """The names of this process's threads other than the calling one, once any that are ending have gone.
+
+    A thread that was joined can still be listed for a moment: pthread_join returns when the kernel clears
+    the thread's id, before it removes the thread from /proc/self/task (a window that a loaded machine
+    widens). Up to `settle_s` is given for such threads to go; one still there then is a thread alive.
+    """
+    deadline = time.monotonic() + settle_s
+    while threads() != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    own = str(threading.get_native_id())
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        if task != own:
+            try:
+                with open(f"/proc/self/task/{task}/comm") as comm:
+                    names.append(comm.read().strip())
+            except OSError:  # it ended since the listing
+                continue
+    return names
 
 
 def _libc():
