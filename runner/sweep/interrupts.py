@@ -1,7 +1,8 @@
 """Ctrl-C (SIGINT) and SIGTERM in the launching process: stop cleanly, record, report, exit 128 + the signal.
 
 Outside a job (Hydra composing, between the jobs of a sweep) the first of these signals raises `Interrupted`
-(`install`), which Hydra's own error handling lets through (it is not an Exception). A job runs `held`: a
+(`install`), which Hydra's own error handling lets through (it is not an Exception); one that lands inside
+OmegaConf is raised as soon as the process is out of it (`_UNSAFE_TO_INTERRUPT`). A job runs `held`: a
 signal is noted, never raised, and the job acts on it where it can (before starting its ranks, or by stopping
 them: `runner.sweep.spawn` polls the note), then records itself and raises `Interrupted` at its end. From the
 first signal on, every later one is a note (`hold_for_good`): nothing cuts the stopping, the record or the
@@ -50,10 +51,46 @@ def _note(signum, frame) -> None:
     _noted.append(signum)
 
 
+# Code that an exception raised between two of its bytecodes leaves broken: OmegaConf's flag_override restores
+# flags in a `finally` that fails on a half-assigned node (AttributeError: 'NoneType' object has no attribute
+# '_invalidate_flags_cache'), which replaces `Interrupted` and makes Hydra print a traceback. A signal that lands
+# inside it is raised once the process is out of it again (checked every `_RETRY_S`, on SIGALRM).
+_UNSAFE_TO_INTERRUPT = ("omegaconf.",)
+_RETRY_S = 0.005
+_deferred = False  # a signal noted inside such code, to be raised once out of it
+
+
+def _inside_unsafe_code(frame) -> bool:
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(_UNSAFE_TO_INTERRUPT):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise(signum, frame) -> None:
     hold_for_good()  # before anything else runs: a second signal can only be noted now
     _noted.append(signum)
-    raise Interrupted(signum)
+    _raise_where_safe(frame)
+
+
+def _raise_where_safe(frame) -> None:
+    global _deferred
+    if _inside_unsafe_code(frame):
+        _deferred = True
+        signal.signal(signal.SIGALRM, lambda signum, frame: _raise_where_safe(frame))
+        signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+        return
+    _cancel_deferred()
+    raise Interrupted(_noted[0])
+
+
+def _cancel_deferred() -> None:
+    global _deferred
+    if _deferred:
+        _deferred = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def _in_main_thread() -> bool:
@@ -101,6 +138,8 @@ def block_for_exit() -> int | None:
     """Block SIGINT and SIGTERM at the system level (the interpreter's own shutdown restores the default
     handlers, which would let one kill the process mid-exit), and return the first that arrived, noted or
     pending, or None."""
+    if _in_main_thread():
+        _cancel_deferred()  # the first signal decides the exit from here on: nothing is to be raised
     if not hasattr(signal, "pthread_sigmask") or not _in_main_thread():
         return first_signal()
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -123,6 +162,9 @@ def held(deliver: bool = True) -> Iterator[list[int]]:
     if not _in_main_thread():
         yield arrived
         return
+    if _deferred:  # a signal that landed in code unsafe to interrupt just before: the block does not begin
+        _cancel_deferred()
+        raise Interrupted(_noted[0])
     previous = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum)) for signum in SIGNALS}
     try:
         yield arrived
