@@ -66,7 +66,14 @@ def trainers_answer(rows: pd.DataFrame) -> str:
     others = [
         f"{clause} ({said.count(clause)} runs)" if said.count(clause) > 1 else clause for clause in dict.fromkeys(said)
     ]
-    return f"{QUESTION} No, {true.sum()} of {len(trainers)} do; " + "; ".join(others) + "."
+    # Only a run compared with its reference answers the question; the others are named, never counted as "no".
+    measured = ~trainers["verdict"].isin(["failed", "not run", "no reference"])
+    if not measured.any():
+        return (
+            f"{QUESTION} Not measured: no trainer's run here was compared with a reference; " + "; ".join(others) + "."
+        )
+    of = f"of the {measured.sum()} compared with a reference" if not measured.all() else f"of {len(trainers)}"
+    return f"{QUESTION} No, {true.sum()} {of} do; " + "; ".join(others) + "."
 
 
 def _named(labels) -> str:
