@@ -13,7 +13,7 @@ def trainer_sentences(rows: pd.DataFrame) -> list[str]:
     """One bullet per trainer run: its rule, what it measured against the reference, and its expectation."""
     sentences = []
     for _, row in rows[is_trainer(rows["reduction"])].iterrows():
-        if row["verdict"] in ("failed", "not run", "no reference"):
+        if row["verdict"] in _NOT_COMPARED:
             sentences.append(f"- `{row['reduction']}` ({row['rule']}): {row['verdict']}: {row['reason']}.")
             continue
         if row["curves_match"]:
@@ -47,6 +47,7 @@ def trainers_markdown(rows: pd.DataFrame) -> str:
 
 
 QUESTION = "Do the trainers' rules give grad L, as the reference does?"
+_NOT_COMPARED = ("failed", "not run", "no reference")  # verdicts of runs that never met their reference
 
 
 def trainers_answer(rows: pd.DataFrame) -> str:
@@ -58,7 +59,7 @@ def trainers_answer(rows: pd.DataFrame) -> str:
         return f"{QUESTION} Yes, {'it does' if len(trainers) == 1 else f'all {len(trainers)} do'}."
     said = [
         f"`{row['reduction']}` {row['verdict']}"
-        if row["verdict"] in ("failed", "not run", "no reference")
+        if row["verdict"] in _NOT_COMPARED
         else f"`{row['reduction']}` gives {row['gradient_vs_grad_L']}"
         for _, row in trainers[~true].iterrows()
     ]
@@ -67,7 +68,7 @@ def trainers_answer(rows: pd.DataFrame) -> str:
         f"{clause} ({said.count(clause)} runs)" if said.count(clause) > 1 else clause for clause in dict.fromkeys(said)
     ]
     # Only a run compared with its reference answers the question; the others are named, never counted as "no".
-    measured = ~trainers["verdict"].isin(["failed", "not run", "no reference"])
+    measured = ~trainers["verdict"].isin(_NOT_COMPARED)
     if not measured.any():
         return (
             f"{QUESTION} Not measured: no trainer's run here was compared with a reference; " + "; ".join(others) + "."
