@@ -60,6 +60,7 @@ def test_exit_fails_the_job_naming_the_rank_that_vanished(tmp_path):
     info, records, wall = run_job(tmp_path, "fault.kind=exit", "fault.rank=1")
     assert info["status"] == "failed" and info["failed_rank"] == 1, info
     assert info["error"].startswith("rank 1 exited with code 3 without an error record")
+    assert not info["error"].rstrip().endswith(":"), info["error"]  # what follows a colon is there
     assert [r["step"] for r in records] == list(range(1, FAULT_STEP))
     assert wall < 60
 
@@ -68,6 +69,7 @@ def test_a_rank_killed_by_sigkill_is_named_as_the_cause_not_its_peers_reset(tmp_
     info, records, wall = run_job(tmp_path, "fault.kind=kill", "fault.rank=1")
     assert info["status"] == "failed" and info["failed_rank"] == 1, info
     assert info["error"].startswith("rank 1 was killed by SIGKILL (the kernel's OOM killer sends it"), info
+    assert "(logs/rank1.log is empty)" in info["error"] or "its log ends:\n" in info["error"], info["error"]
     # rank 0's own failure (its peer gone) is one line on the terminal, before the launcher's root cause
     terminal = info["terminal"]
     assert "Traceback" not in terminal and "rank 0: " in terminal and "rank 1 was killed by SIGKILL" in terminal

@@ -222,6 +222,12 @@ def log_tail(job_dir: Path, rank: int, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def _its_log_ends(job_dir: Path, rank: int) -> str:
+    """The last lines the rank printed, labelled, or "" when it printed nothing (not a dangling colon)."""
+    tail = log_tail(job_dir, rank)
+    return f"; its log ends:\n{tail}" if tail.strip() else f" (logs/rank{rank}.log is empty)"
+
+
 def failure_report(
     job_dir: Path, returncodes: Sequence[int | None], ended_first: Sequence[int] = ()
 ) -> tuple[int | None, str]:
@@ -242,20 +248,20 @@ def failure_report(
         why = " (the kernel's OOM killer sends it when memory runs out: dmesg says)" if name == "SIGKILL" else ""
         return (
             rank,
-            f"rank {rank} was killed by {name}{why}, before any peer failed; its peers' errors follow from it:\n"
-            f"{log_tail(job_dir, rank)}",
+            f"rank {rank} was killed by {name}{why}, before any peer failed; its peers' errors follow from it"
+            + _its_log_ends(job_dir, rank),
         )
     silent = [r for r, code in enumerate(returncodes) if code is not None and code > 0 and r not in records]
     if silent:
         rank = silent[0]
         return (
             rank,
-            f"rank {rank} exited with code {returncodes[rank]} without an error record:\n{log_tail(job_dir, rank)}",
+            f"rank {rank} exited with code {returncodes[rank]} without an error record" + _its_log_ends(job_dir, rank),
         )
     if records:
         first = min(records.values(), key=lambda record: record["time"])
         return first["rank"], f"rank {first['rank']}: {first['error']}\n{first['traceback']}"
     for rank, code in enumerate(returncodes):
         if code not in (0, None):
-            return rank, f"rank {rank} exited with code {code}:\n{log_tail(job_dir, rank)}"
+            return rank, f"rank {rank} exited with code {code}" + _its_log_ends(job_dir, rank)
     return None, "the ranks did not finish"
