@@ -6,6 +6,14 @@
   commit, files); "no upstream (a rule of its own)" where the rule names none; "" where the run records
   nothing (a built-in mode, an earlier runner). `upstream_detail`: all of it
   (each function called, each file and function followed), for trainers.csv.
+- `evidence`: the kinds of evidence behind the rule, from the same records, strongest first (`KINDS`):
+  "release" for a package whose functions it called (the version that ran is recorded); each test of
+  this repository that holds it, or a part of it, against upstream (`Tested`) gives its kind ("release":
+  beside a release's own code; "upstream_tests": upstream's own test cases reproduced; "issue_example": an
+  upstream report's own example); "paraphrase" for upstream code read at a commit and written out;
+  "paper" for a published objective written out; "constructed" where the rule names no upstream (a rule
+  of its own); "" where the run records nothing. `evidence_detail`: each kind with its source, each test
+  named (the part of the rule it calls, what it is compared with, the package it is skipped without).
 - `backward_implementation`, `backward_factor`, `backward_per_rank`, `backward_torch`: the backward of
   the graph's differentiable all-reduce as the run measured it at its start (`all_reduce_backward`: the
   gradient a rank's input receives when every rank seeds 1: W for a SUM backward, 1 for identity), and
@@ -25,6 +33,8 @@ import numpy as np
 COLUMNS = [
     "upstream",
     "upstream_detail",
+    "evidence",
+    "evidence_detail",
     "backward_implementation",
     "backward_factor",
     "backward_per_rank",
@@ -37,6 +47,9 @@ COLUMNS = [
     "dropout",  # what of the model drew at random (runner.train.rng.dropout_in), or None
 ]
 DATA_PARTS = ("data", "tokenizer")  # the identity's parts that say what a run trained on
+# The kinds of evidence behind a rule, strongest first: runner.config.Evidence's, and "paper" (an objective as
+# published, with no code behind it) before "constructed".
+KINDS = ("release", "upstream_tests", "issue_example", "paraphrase", "paper", "constructed")
 
 
 def _short_commit(commit: object) -> str:
@@ -72,13 +85,68 @@ def _entry(record: dict, detailed: bool) -> str:
     return str(record)
 
 
+def _is_test(record: object) -> bool:
+    """A record of a test that holds the rule against upstream (`runner.train.custom_rule.Tested`), not of code."""
+    return isinstance(record, dict) and "evidence" in record and "test" in record
+
+
 def upstream_text(records: object, detailed: bool = False) -> str:
-    """summary.json's `custom_upstream` in words (see the module docstring); "" without one."""
+    """summary.json's `custom_upstream` in words (see the module docstring); "" without one. Its tests are
+    evidence, not code that ran: `evidence_text` names them."""
     if not isinstance(records, list):
         return ""
-    if not records:  # recorded, and empty: the rule names no upstream code (a construction of its own)
+    code = [r for r in records if isinstance(r, dict) and not _is_test(r)]
+    if not code:  # recorded, and naming no code: the rule follows no upstream code (a construction of its own)
         return "no upstream (a rule of its own)"
-    return "; ".join(_entry(r, detailed) for r in records if isinstance(r, dict))
+    return "; ".join(_entry(r, detailed) for r in code)
+
+
+def _kinds(record: dict) -> list[tuple[str, str]]:
+    """(kind, its source in words) of one record; none for a record that is no evidence (a package whose code
+    the rule only follows is a paraphrase of it)."""
+    if _is_test(record):
+        via = [str(v) for v in record.get("via") or []]
+        text = str(record["test"]) + (f" (through {', '.join(via)})" if via else "")
+        text += f" against {record.get('against')}" if record.get("against") else ""
+        text += f", skipped without {record['needs']}" if record.get("needs") else ""
+        return [(str(record["evidence"]), text)]
+    if "package" in record:
+        named = f"{record['package']} {record.get('version') or '(version not recorded)'}"
+        called = ", ".join(str(c).rsplit(".", 1)[-1] for c in record.get("calls") or [])
+        return [("release", f"{named} called ({called})")] if called else [("paraphrase", f"{named} followed")]
+    if "repository" in record:
+        return [("paraphrase", f"{record['repository']}@{_short_commit(record.get('commit'))}")]
+    if "paper" in record:
+        return [("paper", str(record["paper"]))]
+    return []
+
+
+def _strength(kind: str) -> int:
+    return KINDS.index(kind) if kind in KINDS else len(KINDS)
+
+
+def _sourced(records: object) -> list[tuple[str, str]]:
+    """(kind, source) of every record, strongest first (a stable sort: the rule's order within a kind);
+    [("constructed", ...)] where the rule names nothing, [] where the run records nothing."""
+    if not isinstance(records, list):
+        return []
+    named = [record for record in records if isinstance(record, dict)]
+    if not named:  # recorded, and empty: a rule of its own
+        return [("constructed", "no upstream (a rule of its own)")]
+    return sorted((pair for record in named for pair in _kinds(record)), key=lambda pair: _strength(pair[0]))
+
+
+def evidence_kinds(records: object) -> list[str]:
+    """The kinds of evidence behind a rule from its `custom_upstream`, strongest first, each once."""
+    return list(dict.fromkeys(kind for kind, _ in _sourced(records)))
+
+
+def evidence_text(records: object, detailed: bool = False) -> str:
+    """The `evidence` column (the kinds, ", "-joined) or, `detailed`, `evidence_detail` ("kind: source" for each
+    record, strongest first, "; "-joined); "" where the run records nothing."""
+    if not detailed:
+        return ", ".join(evidence_kinds(records))
+    return "; ".join(f"{kind}: {text}" for kind, text in _sourced(records))
 
 
 def provenance(summary: dict) -> dict:
@@ -92,6 +160,8 @@ def provenance(summary: dict) -> dict:
     return {
         "upstream": upstream_text(summary.get("custom_upstream")),
         "upstream_detail": upstream_text(summary.get("custom_upstream"), detailed=True),
+        "evidence": evidence_text(summary.get("custom_upstream")),
+        "evidence_detail": evidence_text(summary.get("custom_upstream"), detailed=True),
         "backward_implementation": backward.get("implementation"),
         "backward_factor": float(backward["factor"]) if isinstance(backward.get("factor"), (int, float)) else np.nan,
         "backward_per_rank": "/".join(f"{f:g}" for f in per_rank) if isinstance(per_rank, list) else None,

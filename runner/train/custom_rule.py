@@ -34,7 +34,11 @@ The rule may carry attributes (set them with `custom_rule`, or by hand):
 - `upstream`: the code the rule runs or follows (`Package`: an installed
   package's functions, recorded with the version that ran; `Source`: a
   paraphrase of a repository's files at a commit; `Paper`: a published
-  objective written out), recorded in summary.json.
+  objective written out), and the tests of this repository that hold it, or
+  a part of it, against upstream (`Tested`: the kind of evidence, the test,
+  what it is compared with), recorded in summary.json (`custom_upstream`);
+  the analysis derives the kinds of evidence from them
+  (`analysis.load.provenance`).
 
 Whatever the rule returns is checked, and whatever it raises (in the call or
 a hook) is reported as the rule's, naming the cause: a number or integer
@@ -53,7 +57,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner.config import ObjectiveConfig
+from runner.config import Evidence, ObjectiveConfig
 from runner.data.batches import IGNORE_INDEX, Responses
 from runner.modes import AutogradAllReduce
 from runner.train.all_reduce import differentiable_all_reduce
@@ -157,6 +161,41 @@ class Paper:
         return {"paper": self.citation, "where": self.where}
 
 
+TESTED_KINDS = (Evidence.release.value, Evidence.upstream_tests.value, Evidence.issue_example.value)
+
+
+@dataclass(frozen=True)
+class Tested:
+    """A test of this repository that holds the rule, or the part of it named in `via`, against upstream: the
+    kind of evidence (`runner.config.Evidence`: a release's own code run beside it, upstream's own test cases
+    reproduced, or an upstream report's own example), the test, and what it is compared with."""
+
+    __test__ = False  # no pytest test class, whatever its name
+
+    evidence: str  # one of TESTED_KINDS
+    test: str  # "tests/test_x.py::test_name", or "tests/test_x.py" for every test of the file
+    against: str  # the upstream it is compared with: the release, or the repository@commit of the tests
+    via: tuple[str, ...] = ()  # the functions of the rule's module the test calls in its stead (() = the rule)
+    needs: str | None = None  # what the test is skipped without (a package `make test` lacks, the package index)
+
+    def __post_init__(self):
+        if self.evidence not in TESTED_KINDS:
+            raise ValueError(
+                f"Tested evidence {self.evidence!r}: a test of this repository gives one of {TESTED_KINDS}"
+            )
+        if not self.test.startswith("tests/") or ".py" not in self.test:
+            raise ValueError(f"Tested test {self.test!r}: name it as tests/FILE.py or tests/FILE.py::test_name")
+
+    def record(self) -> dict:
+        return {
+            "evidence": self.evidence,
+            "test": self.test,
+            "against": self.against,
+            "via": list(self.via),
+            "needs": self.needs,
+        }
+
+
 def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, grad_norm=None, graph_all_reduce=None):
     """Decorate a rule fn(logits, labels, ctx) with its hooks and facts (module docstring)."""
     if graph_all_reduce is not None and graph_all_reduce != CONFIGURED:
@@ -174,7 +213,8 @@ def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, grad_nor
 
 
 def upstream_records(fn) -> list[dict]:
-    """summary.json's `custom_upstream`: each package (with the version that ran) or source the rule names."""
+    """summary.json's `custom_upstream`: each package (with the version that ran), source, paper and test the rule
+    names."""
     return [entry.record() for entry in getattr(fn, "upstream", ()) or ()]
 
 
