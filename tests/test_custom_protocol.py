@@ -138,7 +138,8 @@ def test_the_graph_all_reduce_backward_is_measured_once_and_the_upstream_recorde
     )
     assert counter["all_reduce_backward"]["implementation"] == "funcol"  # ctx.all_reduce: the configured one
     assert "all_reduce_backward" not in titan and "all_reduce_backward" not in local and "custom_upstream" not in local
-    assert titan["custom_upstream"] == [
+    code, *tests = titan["custom_upstream"]  # the package that ran, then the tests that hold it (`Tested`)
+    assert [code] == [
         {
             "package": "torchtitan",
             "version": "0.3.0",
@@ -146,6 +147,7 @@ def test_the_graph_all_reduce_backward_is_measured_once_and_the_upstream_recorde
             "follows": titan["custom_upstream"][0]["follows"],
         }
     ]
+    assert tests and all(test["evidence"] == "release" and test["test"].startswith("tests/") for test in tests)
     (source,) = megatron["custom_upstream"]
     assert source["repository"] == "NVIDIA/Megatron-LM" and len(source["commit"]) == 40
     assert any("finalize_model_grads" in f for f in source["files"])

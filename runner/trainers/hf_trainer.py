@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers.loss.loss_utils import ForCausalLMLoss
 
-from runner.train.custom_rule import Package, custom_rule
+from runner.train.custom_rule import Package, Tested, custom_rule
 
 TRAINER = (
     "transformers/trainer.py: Trainer._get_num_items_in_batch",
@@ -56,6 +56,24 @@ ULYSSES = Package(
     follows=("transformers/integrations/deepspeed.py: deepspeed_sp_compute_loss", *TRAINER),
 )
 TP_SIZE = 1  # no tensor parallelism here
+# The tests that hold these rules against the installed Trainer and transformers' own tests.
+REAL_TRAINER = Tested(
+    "release",
+    "tests/test_hf_trainer_real.py::test_the_hf_trainer_rules_give_the_real_trainers_gradient_and_logged_loss",
+    "the installed transformers.Trainer, one step under DDP on gloo (W=2, grad_accum=2, unequal counts): its "
+    "gradient and logged loss",
+)
+INSTALLED_TRAINER_TEST = (
+    "tests/test_trainer_upstream.py::test_the_hf_rules_count_and_scale_as_the_installed_trainer",
+    "the installed transformers' Trainer._get_num_items_in_batch and Trainer.compute_loss on a stand-in Trainer: "
+    "the count and the loss",
+)
+INSTALLED_TRAINER = Tested("release", *INSTALLED_TRAINER_TEST, via=("num_items_in_batch", "_trainer_loss"))
+UPSTREAM_GA_TEST = (
+    "tests/test_upstream_cases_hf.py::test_gradient_accumulation_loss_alignment_with_model_loss",
+    "huggingface/transformers@0052c30 tests/trainer/test_trainer.py "
+    "test_gradient_accumulation_loss_alignment_with_model_loss: its setting and claim (rows and logits drawn here)",
+)
 
 
 def num_items_in_batch(ctx, average_tokens_across_devices: bool) -> torch.Tensor:
@@ -91,19 +109,42 @@ def _trainer_loss(logits, labels, ctx, average_tokens_across_devices: bool, mode
     return loss, loss.detach()
 
 
-@custom_rule(upstream=(TRANSFORMERS,), start_step=lambda ctx: num_items_in_batch(ctx, True))
+@custom_rule(
+    upstream=(
+        TRANSFORMERS,
+        REAL_TRAINER,
+        INSTALLED_TRAINER,
+        Tested("upstream_tests", *UPSTREAM_GA_TEST, via=("num_items_in_batch", "_trainer_loss")),
+    ),
+    start_step=lambda ctx: num_items_in_batch(ctx, True),
+)
 def loss(logits, labels, ctx):
     """The default Trainer (average_tokens_across_devices=True): W S / N, FSDP mean: grad L."""
     return _trainer_loss(logits, labels, ctx, True, True)
 
 
-@custom_rule(upstream=(TRANSFORMERS,), start_step=lambda ctx: num_items_in_batch(ctx, False))
+@custom_rule(
+    upstream=(TRANSFORMERS, REAL_TRAINER, INSTALLED_TRAINER), start_step=lambda ctx: num_items_in_batch(ctx, False)
+)
 def loss_per_device(logits, labels, ctx):
     """average_tokens_across_devices=False: S_rsm / (n_r / sp), FSDP mean: the dp ranks' token means averaged."""
     return _trainer_loss(logits, labels, ctx, False, True)
 
 
-@custom_rule(upstream=(TRANSFORMERS,))
+@custom_rule(
+    upstream=(
+        TRANSFORMERS,
+        Tested("release", *INSTALLED_TRAINER_TEST, via=("_trainer_loss",)),
+        Tested(
+            "release",
+            "tests/test_release_parity.py::test_the_released_trainer_gives_the_arm_of_its_state",
+            "transformers 4.48.0's and 4.48.1's own Trainer (from the package index), one step on a model without "
+            "loss kwargs (W=1): gradient and logged loss",
+            needs="the package index",
+        ),
+        Tested("upstream_tests", *UPSTREAM_GA_TEST, via=("_trainer_loss",)),
+    )
+)
 def no_loss_kwargs(logits, labels, ctx):
     """model_accepts_loss_kwargs=False: the model's token mean of each micro-batch shard / M, FSDP mean."""
     return _trainer_loss(logits, labels, ctx, True, False)

@@ -28,7 +28,7 @@ import torch
 from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
 from torchtitan.distributed.utils import dist_sum_tensor
 
-from runner.train.custom_rule import Package, custom_rule
+from runner.train.custom_rule import Package, Tested, custom_rule
 
 TORCHTITAN = Package(
     "torchtitan",
@@ -52,7 +52,14 @@ def global_valid_tokens(ctx) -> torch.Tensor:
     return dist_sum_tensor(torch.tensor(local_valid_tokens, dtype=torch.int64, device=ctx.device), ctx.dp_group)
 
 
-@custom_rule(upstream=(TORCHTITAN,), start_step=global_valid_tokens)
+DIVIDE_FACTOR = Tested(
+    "release",
+    "tests/test_trainer_upstream.py::test_torchtitans_divide_factor_is_the_one_fsdp_reduce_sum_sets",
+    "the installed torchtitan's disable_fsdp_gradient_division: the FSDP divide factor custom.fsdp_reduce=sum sets",
+)
+
+
+@custom_rule(upstream=(TORCHTITAN, DIVIDE_FACTOR), start_step=global_valid_tokens)
 def loss(logits, labels, ctx):
     """S_rsm / N by torchtitan's CrossEntropyLoss, N by its dist_sum_tensor; FSDP SUM."""
     scaled, _metrics = loss_function()(logits, labels, ctx.plan)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runner.train.custom_rule import Package, Source, custom_rule
+from runner.train.custom_rule import Package, Source, Tested, custom_rule
 from runner.trainers.hf_trainer import TP_SIZE, _model_loss, _trainer_loss, num_items_in_batch
 
 TRANSFORMERS = Package("transformers", calls=("transformers.loss.loss_utils.ForCausalLMLoss",))
@@ -60,7 +60,16 @@ def _counted_anyway(ctx) -> torch.Tensor:
     return num_items_in_batch(ctx, True)
 
 
-@custom_rule(upstream=(TRANSFORMERS, BEFORE_35207), start_step=_counted_anyway)
+RELEASES = Tested(
+    "release",
+    "tests/test_release_parity.py::test_the_released_trainer_gives_the_arm_of_its_state",
+    "transformers 4.46.0's and 4.47.1's own Trainer (from the package index), one step on a model without loss "
+    "kwargs (W=1): gradient and logged loss, and 4.47.0's gradient",
+    needs="the package index",
+)
+
+
+@custom_rule(upstream=(TRANSFORMERS, BEFORE_35207, RELEASES), start_step=_counted_anyway)
 def double_ga(logits, labels, ctx):
     """The model's own token mean of the shard (it takes no loss kwargs), not divided by M: num_items_in_batch
     was given, so training_step took the loss as normalised already."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from runner.train.custom_rule import Source, custom_rule
+from runner.train.custom_rule import Source, Tested, custom_rule
 from runner.trainers.policy_gradient import dp_sum, pg_token_losses
 
 FILES = (
@@ -42,6 +42,12 @@ FILES = (
 )
 TRL = Source("huggingface/trl", "da5d8632bee3e386676702a785699bab862aabe4", FILES)
 BEFORE_6024 = Source("huggingface/trl", "f2cd57710ae345ea6428ae95363267fcf38a3dc8", FILES)
+WINDOW_TEST = Tested(
+    "upstream_tests",
+    "tests/test_upstream_cases_trl.py::test_dapo_loss_normalized_per_accumulation_window",
+    "huggingface/trl@da5d863 tests/test_grpo_trainer.py test_dapo_loss_normalized_per_accumulation_window: its "
+    "cases and relation (the completions drawn here), the rule at steps_per_generation = GA",
+)
 
 
 def completion_losses(logits, labels, ctx) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +102,7 @@ def _dapo(logits, labels, ctx, steps_per_generation: int, window_factor: bool) -
     return losses.sum() / normalizer
 
 
-@custom_rule(upstream=(TRL,), start_step=every_micro_step)
+@custom_rule(upstream=(TRL, WINDOW_TEST), start_step=every_micro_step)
 def dapo(logits, labels, ctx):
     """loss_type="dapo", steps_per_generation = GA (the default): sum / (num_items_in_batch / processes)."""
     return _dapo(logits, labels, ctx, ctx.grad_accum, window_factor=True)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from runner.train.custom_rule import Source, custom_rule
+from runner.train.custom_rule import Source, Tested, custom_rule
 
 BEFORE = Source(
     "ByteDance-Seed/VeOmni",
@@ -44,6 +44,14 @@ AFTER = Source(
         "veomni/distributed/fsdp2/clip_grad_norm.py L51-64: _fsdp_grad_norm_reduce_groups (plain FSDP2: fsdp_group; "
         "HSDP: dp_shard_sp or dp_shard group, none when dp_shard_size is 1)",
     ),
+)
+
+CASES = Tested(  # every test of the file: the after arm's local sum of squares and its groups
+    "upstream_tests",
+    "tests/test_upstream_cases_veomni.py",
+    "ByteDance-Seed/VeOmni@3506c43 and @46a59d6 tests/utils/test_fsdp2_clip_grad_norm.py: the cases of "
+    "_local_pth_sum (p = 2) and of _fsdp_grad_norm_reduce_groups a 2-process world holds",
+    via=("_local_squares", "_shard_groups", "_over_shard_group"),
 )
 
 
@@ -98,7 +106,7 @@ def norm_over_fsdp_group(logits, labels, ctx):
     return _token_mean(logits, labels, ctx)
 
 
-@custom_rule(upstream=(AFTER,), grad_norm=_over_shard_group)
+@custom_rule(upstream=(AFTER, CASES), grad_norm=_over_shard_group)
 def norm_over_shard_group(logits, labels, ctx):
     """The step's token mean; the grad norm over the shard group (the true norm)."""
     return _token_mean(logits, labels, ctx)

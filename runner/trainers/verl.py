@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import torch
 
-from runner.train.custom_rule import Package, Source, custom_rule
+from runner.train.custom_rule import Package, Source, Tested, custom_rule
 from runner.trainers.policy_gradient import dp_sum, longest_response, pg_token_losses, response_matrix
 
 try:  # verl's import pulls ray (about 5 s, 200 MB): only where `make setup-verl` installed it
@@ -81,6 +81,36 @@ CP_COUNT = Source(
     "verl-project/verl",
     COMMIT,
     ("verl/workers/engine/megatron/transformer_impl.py: forward_backward_batch (the count of issue #5983)",),
+)
+
+# The tests that hold `agg_loss` (every rule's aggregation) against verl: verl 0.9.1's own, where it is installed,
+# and verl's unit-test cases at COMMIT (tests/test_upstream_cases_verl.py), for the modes each exercises.
+RELEASED = Tested(
+    "release",
+    "tests/test_verl_paraphrase.py::test_the_paraphrase_is_verls_agg_loss",
+    "verl 0.9.1's own agg_loss (make setup-verl), value and gradient, every loss_agg_mode",
+    via=("paraphrased_agg_loss",),
+    needs="verl",
+)
+VERL_TESTS = f"verl-project/verl@{COMMIT[:7]} tests/trainer/ppo/"
+AGGREGATION_CASES = f"{VERL_TESTS}test_loss_aggregation_on_cpu.py cases"
+VALUE_LOSS_CASES = f"{VERL_TESTS}test_value_loss_normalization_on_cpu.py cases (agg_loss's half)"
+
+
+def upstream_cases(against: str, *tests: str) -> tuple[Tested, ...]:
+    """verl's unit-test cases reproduced by tests/test_upstream_cases_verl.py's `tests`, fed to `agg_loss`."""
+    return tuple(
+        Tested("upstream_tests", f"tests/test_upstream_cases_verl.py::{test}", against, via=("paraphrased_agg_loss",))
+        for test in tests
+    )
+
+
+MODE_CASES = ("test_microbatch_invariant_all_modes", "test_microbatch_invariant_variable_length")
+TOKEN_SUM_CASES = upstream_cases(
+    AGGREGATION_CASES,
+    "test_token_sum_masks_tokens_and_scales_for_dp",
+    "test_token_sum_is_microbatch_invariant",
+    "test_token_sum_matches_global_sum_after_fsdp_mean_reduction",
 )
 
 
@@ -147,51 +177,71 @@ def aggregate(logits, labels, ctx, loss_agg_mode: str, **info) -> torch.Tensor:
     return agg_loss(loss_mat, mask, loss_agg_mode, **info)
 
 
-@custom_rule(upstream=(UPSTREAM,), start_step=batch_info)
+@custom_rule(
+    upstream=(
+        UPSTREAM,
+        RELEASED,
+        *upstream_cases(VALUE_LOSS_CASES, *MODE_CASES, "test_dp_size_matches_global_mean_after_fsdp_reduce"),
+    ),
+    start_step=batch_info,
+)
 def token_mean(logits, labels, ctx):
     """token-mean: masked sum / global response tokens x dp_size."""
     return aggregate(logits, labels, ctx, "token-mean", **ctx.plan)
 
 
-@custom_rule(upstream=(UPSTREAM,), start_step=batch_info)
+@custom_rule(upstream=(UPSTREAM, RELEASED, *TOKEN_SUM_CASES), start_step=batch_info)
 def token_sum(logits, labels, ctx):
     """token-sum: masked sum x dp_size."""
     return aggregate(logits, labels, ctx, "token-sum", **ctx.plan)
 
 
-@custom_rule(upstream=(UPSTREAM,), start_step=batch_info)
+@custom_rule(upstream=(UPSTREAM, RELEASED, *upstream_cases(VALUE_LOSS_CASES, *MODE_CASES)), start_step=batch_info)
 def seq_mean_token_sum(logits, labels, ctx):
     """seq-mean-token-sum: each response's sum, / global sequences x dp_size."""
     return aggregate(logits, labels, ctx, "seq-mean-token-sum", **ctx.plan)
 
 
-@custom_rule(upstream=(UPSTREAM,), start_step=batch_info)
+@custom_rule(upstream=(UPSTREAM, RELEASED, *upstream_cases(VALUE_LOSS_CASES, *MODE_CASES)), start_step=batch_info)
 def seq_mean_token_mean(logits, labels, ctx):
     """seq-mean-token-mean: each response's mean, / global sequences x dp_size."""
     return aggregate(logits, labels, ctx, "seq-mean-token-mean", **ctx.plan)
 
 
-@custom_rule(upstream=(UPSTREAM,), start_step=batch_info)
+@custom_rule(
+    upstream=(UPSTREAM, RELEASED, *upstream_cases(VALUE_LOSS_CASES, "test_microbatch_invariant_all_modes")),
+    start_step=batch_info,
+)
 def seq_mean_token_sum_norm(logits, labels, ctx):
     """seq-mean-token-sum-norm with loss_scale_factor None, padded as `no_padding_2_padding`'s fallback (no width
     recorded): / the micro-batch's longest response. The trainer's own path records one width: `_constant`."""
     return aggregate(logits, labels, ctx, "seq-mean-token-sum-norm", **ctx.plan)
 
 
-@custom_rule(upstream=(UPSTREAM,), start_step=lambda ctx: batch_info(ctx, ctx.objective.max_response))
+@custom_rule(
+    upstream=(UPSTREAM, RELEASED, *upstream_cases(VALUE_LOSS_CASES, "test_loss_scale_factor_is_forwarded")),
+    start_step=lambda ctx: batch_info(ctx, ctx.objective.max_response),
+)
 def seq_mean_token_sum_norm_constant(logits, labels, ctx):
     """seq-mean-token-sum-norm over a constant width, objective.max_response: the trainer's path (`_update_actor`
     records the batch's padded response width for every micro-batch), or a loss_scale_factor set, as its doc advises."""
     return aggregate(logits, labels, ctx, "seq-mean-token-sum-norm", **ctx.plan)
 
 
-@custom_rule(upstream=(UPSTREAM, LEGACY))
+@custom_rule(
+    upstream=(
+        UPSTREAM,
+        LEGACY,
+        RELEASED,
+        *upstream_cases(VALUE_LOSS_CASES, "test_without_global_info_is_microbatch_dependent"),
+    )
+)
 def legacy_token_mean(logits, labels, ctx):
     """The pre-engine FSDP actor: token-mean over the micro-batch's own tokens, x 1 / gradient_accumulation."""
     return aggregate(logits, labels, ctx, "token-mean") / ctx.grad_accum
 
 
-@custom_rule(upstream=(UPSTREAM, CP_COUNT), start_step=cp_count_batch_info)
+@custom_rule(upstream=(UPSTREAM, CP_COUNT, RELEASED), start_step=cp_count_batch_info)
 def cp_count_token_mean(logits, labels, ctx):
     """token-mean with batch_num_tokens counted on the sequence shard, over the dp group alone (issue #5983)."""
     return aggregate(logits, labels, ctx, "token-mean", **ctx.plan)
