@@ -134,6 +134,7 @@ def loss_per_device(logits, labels, ctx):
 @custom_rule(
     upstream=(
         TRANSFORMERS,
+        REAL_TRAINER,  # the model's accepts_loss_kwargs set False
         Tested("release", *INSTALLED_TRAINER_TEST, via=("_trainer_loss",)),
         Tested(
             "release",
