@@ -123,8 +123,12 @@ def trainers_section(trainers: pd.DataFrame | None) -> list[str]:
         "(gradient sketch), whether its loss curve stays within tolerance of the reference's, and what it was "
         "expected to give (`custom.expect`; a custom run without one is not judged). The code that ran: the "
         "package and version whose functions the rule called, or the repository@commit (files) its paraphrase "
-        "follows. Loss all-reduces per step are counted in forward/backward (N's, the logged loss's, the rule's "
-        "own); other collectives vs local counts the rest beyond `local`'s (the Hugging Face Trainer's all-gather "
-        "of the token count is one: not a loss all-reduce). trainers.csv.",
+        "follows. Its evidence, strongest first: release (a release's own code called, or run beside the rule by a "
+        "test of this repository), upstream_tests (upstream's own test cases reproduced), issue_example (an "
+        "upstream report's own example), paraphrase (upstream code read at a commit and written out), paper (a "
+        "published objective written out), constructed (a rule of its own); trainers.csv names each test and the "
+        "part of the rule it holds. Loss all-reduces per step are counted in forward/backward (N's, the logged "
+        "loss's, the rule's own); other collectives vs local counts the rest beyond `local`'s (the Hugging Face "
+        "Trainer's all-gather of the token count is one: not a loss all-reduce). trainers.csv.",
         "",
     ]

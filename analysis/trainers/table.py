@@ -11,9 +11,12 @@ known in advance: a custom run's gradient is what the run measured.
 
 Beside them, what the run records of its code (`analysis.load.provenance`):
 the package and version whose functions ran, or the repository, commit and
-files a paraphrase follows (`upstream`); the backward of the graph's
-differentiable all-reduce as measured at the run's start (`backward`: SUM,
-identity, or the factor, with the torch version); and its collectives as
+files a paraphrase follows (`upstream`); the kinds of evidence behind the
+rule, from the same records (`evidence`: release, upstream_tests,
+issue_example, paraphrase, paper, constructed, strongest first; trainers.csv
+names each test in full); the backward of the graph's differentiable
+all-reduce as measured at the run's start (`backward`: SUM, identity, or
+the factor, with the torch version); and its collectives as
 counted (comm.csv): the loss all-reduces per step, and its other collectives
 beyond `local`'s (a rule's own all-gather, such as the Hugging Face Trainer's
 token count, is not a loss all-reduce).
@@ -34,6 +37,7 @@ COLUMNS = {
     "reduction": "trainer",
     "rule": "rule",
     "code": "code that ran",
+    "evidence": "evidence",
     "fsdp_reduction": "FSDP",
     "backward_text": "all-reduce backward (measured)",
     "loss_all_reduce_calls": "loss all-reduces / step",
@@ -118,6 +122,16 @@ def _code(row: pd.Series) -> str:
     return "the runner's own"
 
 
+def _evidence(row: pd.Series) -> str:
+    """The kinds of evidence behind the rule ("release, upstream_tests"); "-" for the runner's own modes and runs
+    that recorded nothing."""
+    if isinstance(row.get("evidence"), str) and row["evidence"]:
+        return row["evidence"]
+    if isinstance(row.get("custom.fn"), str) and row["status"] not in UNRECORDED:
+        return "not recorded (an earlier runner)"
+    return "-"
+
+
 def judged_elsewhere(runs: pd.DataFrame) -> pd.Series:
     """Runs with a section of their own, against their own question: post-training modes (objective=pg: against
     themselves at W=1 and the papers) and known bugs' arms (`known_bug.*`: buggy, fixed, reference)."""
@@ -133,7 +147,9 @@ def trainers_table(runs: pd.DataFrame, table: pd.DataFrame, comm: pd.DataFrame |
     groups = set(table.loc[trainer, "group"])
     chosen = table["group"].isin(groups) & (trainer | (table["verdict"] == "reference"))
     if not chosen.any():
-        return pd.DataFrame(columns=["run", *COLUMNS, "upstream_detail", "backward", "verdict", "reason"])
+        return pd.DataFrame(
+            columns=["run", *COLUMNS, "upstream_detail", "evidence_detail", "backward", "verdict", "reason"]
+        )
     recorded = ("autograd_all_reduce", "custom.fn", "custom.rule", *PROVENANCE)
     config = runs.loc[chosen, [c for c in recorded if c in runs and c not in table]]
     rows = pd.concat([table.loc[chosen], config], axis=1)
@@ -143,6 +159,7 @@ def trainers_table(runs: pd.DataFrame, table: pd.DataFrame, comm: pd.DataFrame |
     rows["backward"] = [backward_kind(f, w) for f, w in zip(rows["backward_factor"], rows["world_size"])]
     rows["backward_text"] = [_backward_text(row) for _, row in rows.iterrows()]
     rows["code"] = [_code(row) for _, row in rows.iterrows()]
+    rows["evidence"] = [_evidence(row) for _, row in rows.iterrows()]
     rows["rule"] = [_rule(row) for _, row in rows.iterrows()]
     rows["gradient_vs_grad_L"] = [_gradient(row) for _, row in rows.iterrows()]
     rows["curves_match"] = rows["loss_matches"].where(rows["verdict"] != "reference", True)
@@ -151,5 +168,7 @@ def trainers_table(runs: pd.DataFrame, table: pd.DataFrame, comm: pd.DataFrame |
 
 def trainers_csv(rows: pd.DataFrame) -> pd.DataFrame:
     """trainers.csv: the report's columns (named as there), with each run's id, verdict and the reason for it."""
-    shown = rows[["run", *COLUMNS, "upstream_detail", "verdict", "reason"]]
-    return shown.rename(columns={**COLUMNS, "upstream_detail": "code that ran (in full)"})
+    shown = rows[["run", *COLUMNS, "upstream_detail", "evidence_detail", "verdict", "reason"]]
+    return shown.rename(
+        columns={**COLUMNS, "upstream_detail": "code that ran (in full)", "evidence_detail": "evidence (in full)"}
+    )
