@@ -49,21 +49,22 @@ def named(text: str, name: str) -> bool:
     return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
 
 
-def kind_of(entry) -> str:
-    """The kind one upstream entry gives, from the entry itself (the analysis reads the records)."""
+def kinds_of(entry) -> list[str]:
+    """The kinds one upstream entry gives, from the entry itself (the analysis reads the records): a package's
+    called functions are its release, what the rule writes out of it (`follows`) a paraphrase."""
     if isinstance(entry, Tested):
-        return entry.evidence
+        return [entry.evidence]
     if isinstance(entry, Package):
-        return "release" if entry.calls else "paraphrase"
+        return ["release"] * bool(entry.calls) + ["paraphrase"] * bool(entry.follows or not entry.calls)
     if isinstance(entry, Source):
-        return "paraphrase"
+        return ["paraphrase"]
     if isinstance(entry, Paper):
-        return "paper"
+        return ["paper"]
     raise AssertionError(f"an upstream entry of no known kind: {entry!r}")
 
 
 def expected_evidence(fn) -> str:
-    kinds = {kind_of(entry) for entry in fn.upstream} or {"constructed"}
+    kinds = {kind for entry in fn.upstream for kind in kinds_of(entry)} or {"constructed"}
     return ", ".join(sorted(kinds, key=KINDS.index))
 
 
@@ -102,14 +103,16 @@ def test_the_evidence_column_is_the_kinds_of_the_rules_records(spec):
         assert f"{entry.evidence}: {entry.test}" in detail
         assert all(name in detail for name in entry.via) and (entry.needs or "") in detail
     assert [part.split(":", 1)[0] for part in detail.split("; ")] == sorted(
-        [kind_of(entry) for entry in fn.upstream] or ["constructed"], key=KINDS.index
+        [kind for entry in fn.upstream for kind in kinds_of(entry)] or ["constructed"], key=KINDS.index
     )  # one part per record, strongest first (no ";" inside a part)
 
 
 def test_known_rows():
     evidence = {name: evidence_text(upstream_records(resolve_callable(fn))) for name, fn in CUSTOM.items()}
     assert evidence["hf_trainer"].startswith("release") and "upstream_tests" in evidence["hf_trainer"]
-    assert evidence["hf_trainer_per_device"] == "release" and evidence["torchtitan"] == "release"
+    # the Trainer's count is followed (a paraphrase) and held against the installed Trainer (a release)
+    assert evidence["hf_trainer_per_device"] == evidence["torchtitan"] == "release, paraphrase"
+    assert evidence["hf_trainer_ulysses"] == "release, paraphrase"  # ForCausalLMLoss called, the SP path followed
     assert evidence["megatron"] == evidence["xtuner"] == "paraphrase"
     assert evidence["trl_dapo"] == "upstream_tests, paraphrase"
     assert evidence["sum_under_fsdp_sum"] == "constructed" and evidence["paper_grpo"] == "paper"
@@ -128,7 +131,7 @@ def test_the_evidence_text_of_records():
     assert evidence_text(records, detailed=True) == (
         "upstream_tests: tests/test_x.py::test_y (through f) against org/repo@abc1234 tests, skipped without pkg; "
         "upstream_tests: tests/test_x.py::test_y (through f) against org/repo@abc1234 tests, skipped without pkg; "
-        "paraphrase: o/r@ccccccc; paraphrase: p 1.0 followed"
+        "paraphrase: o/r@ccccccc; paraphrase: p 1.0 followed (g)"
     )
     called = {"package": "p", "version": None, "calls": ["p.m.h"]}
     assert evidence_text([{"paper": "A 2024", "where": "eq. 1"}, called], detailed=True) == (

@@ -7,7 +7,8 @@
   nothing (a built-in mode, an earlier runner). `upstream_detail`: all of it
   (each function called, each file and function followed), for trainers.csv.
 - `evidence`: the kinds of evidence behind the rule, from the same records, strongest first (`KINDS`):
-  "release" for a package whose functions it called (the version that ran is recorded); each test of
+  "release" for a package whose functions it called (the version that ran is recorded), and "paraphrase"
+  besides for the package's code it writes out (`follows`); each test of
   this repository that holds it, or a part of it, against upstream (`Tested`) gives its kind ("release":
   beside a release's own code; "upstream_tests": upstream's own test cases reproduced; "issue_example": an
   upstream report's own example); "paraphrase" for upstream code read at a commit and written out;
@@ -113,7 +114,12 @@ def _kinds(record: dict) -> list[tuple[str, str]]:
     if "package" in record:
         named = f"{record['package']} {record.get('version') or '(version not recorded)'}"
         called = ", ".join(str(c).rsplit(".", 1)[-1] for c in record.get("calls") or [])
-        return [("release", f"{named} called ({called})")] if called else [("paraphrase", f"{named} followed")]
+        followed = ", ".join(str(f).split(":", 1)[-1].strip() for f in record.get("follows") or [])
+        kinds = [("release", f"{named} called ({called})")] if called else []
+        # What the rule writes out of the package is a paraphrase of it, however much else it calls: the
+        # Ulysses rule calls ForCausalLMLoss, and its SP reduction, which decides its gradient, is followed.
+        kinds += [("paraphrase", f"{named} followed ({followed})")] if followed or not called else []
+        return kinds
     if "repository" in record:
         return [("paraphrase", f"{record['repository']}@{_short_commit(record.get('commit'))}")]
     if "paper" in record:
