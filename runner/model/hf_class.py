@@ -7,6 +7,9 @@ default config, its `attribute_map` aliases, its constructor's parameters) and i
 that dict (`CONFIG_MAPPING[model_type].from_dict`, whose `__post_init__` derives fields such as `layer_types`),
 and which of KEYS act on it: removing the key changes a field of the class (a legacy key that transformers
 converts, such as `rope_theta`, acts; a misspelt one is kept as an attribute that nothing reads).
+`python -m runner.model.hf_class --serve` answers both, one JSON line a request on stdin
+({"facts": MODEL_TYPE} or {"effective": [CONFIG, KEYS]}), one JSON line a reply on stdout ({"error": ...}
+where transformers raised), until stdin closes: a launcher asking of many configs imports transformers once.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import signal
 import sys
 
 
@@ -69,8 +73,25 @@ def effective_config(config: dict, keys: list[str]) -> dict:
     return {"effective": built, "acting": [key for key in keys if acts(key)]}
 
 
+def serve() -> None:
+    """Answer requests until stdin closes (the asking process ended). Ctrl-C is the launcher's to act on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if "facts" in request:
+                reply = class_facts(request["facts"])
+            else:
+                reply = effective_config(*request["effective"])
+        except Exception as error:  # what transformers raised for this config, not the server's end
+            reply = {"error": f"transformers could not read it ({type(error).__name__}: {error})"}
+        print(json.dumps(reply), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--effective":
+    if sys.argv[1] == "--serve":
+        serve()
+    elif sys.argv[1] == "--effective":
         print(json.dumps(effective_config(json.loads(sys.argv[2]), json.loads(sys.argv[3]))))
     else:
         print(json.dumps(class_facts(sys.argv[1])))

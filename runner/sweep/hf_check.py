@@ -1,9 +1,10 @@
 """A Hugging Face model's config held to what transformers' config class makes of it, before launch.
 
 The launcher never imports torch, and transformers' configs import it (about 4.5 s on 2 busy cores), so the
-class is asked in a short subprocess (`runner.model.hf_class`): once per model type per launching process for
-its keys and defaults, and once per distinct config where more is needed (a key the class does not name; a
-sequence-parallel run, whose attention must be one Ulysses can wrap). The rules:
+class is asked in a subprocess (`runner.model.hf_class --serve`, started at the first question and kept while the
+launching process lives, so transformers is imported once however many configs a sweep holds): once per model
+type for its keys and defaults, and once per distinct config where more is needed (a key the class does not
+name; a sequence-parallel run, whose attention must be one Ulysses can wrap). The rules:
 
 - every `model.overrides` key is one the config class takes, or one transformers converts (a legacy key such
   as `rope_theta` acts on the built config): a misspelt key, which transformers would keep as an attribute
@@ -19,8 +20,10 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import select
 import subprocess
 import sys
+import threading
 
 from runner.layout import near_multiples
 from runner.model.hf_config import HEAD_KEYS, WIDTH_KEYS, hf_config_dict
@@ -33,29 +36,58 @@ SOFTCAP_KEYS = ("attn_logit_softcapping",)
 Problems = list[tuple[str, str]]
 
 
-def _ask(args: list[str]) -> dict:
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "runner.model.hf_class", *args], capture_output=True, text=True, timeout=TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"asking transformers took longer than {TIMEOUT_S:g} s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"transformers could not read it ({last})"}
-    return json.loads(lines[-1])
+class _Transformers:
+    """The `--serve` subprocess, one request at a time. One that died is started again at the next request;
+    one left mid-request (a timeout, the launcher interrupted while it waited) is killed, so no reply is ever
+    read as another request's."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def ask(self, request: dict) -> dict:
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "runner.model.hf_class", "--serve"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+            process, settled = self._process, False
+            try:
+                process.stdin.write(json.dumps(request) + "\n")
+                process.stdin.flush()
+                ready, _, _ = select.select([process.stdout], [], [], TIMEOUT_S)
+                line = process.stdout.readline() if ready else None
+                settled = bool(line)
+            except (BrokenPipeError, OSError):
+                line = ""
+            finally:
+                if not settled:
+                    process.kill()
+                    process.wait()
+                    self._process = None
+        if line is None:
+            return {"error": f"asking transformers took longer than {TIMEOUT_S:g} s"}
+        if not line:
+            return {"error": f"transformers could not read it (its process ended with code {process.returncode})"}
+        return json.loads(line)
+
+
+_TRANSFORMERS = _Transformers()
 
 
 @functools.cache
 def class_facts(model_type: str) -> dict:
     """`runner.model.hf_class.class_facts` of a model type, from a subprocess; once per process."""
-    return _ask([model_type])
+    return _TRANSFORMERS.ask({"facts": model_type})
 
 
 @functools.cache
 def _effective(config_json: str, keys_json: str) -> dict:
-    return _ask(["--effective", config_json, keys_json])
+    return _TRANSFORMERS.ask({"effective": [json.loads(config_json), json.loads(keys_json)]})
 
 
 def effective(config: dict, keys: list[str]) -> dict:
