@@ -22,23 +22,23 @@ Held: in one 2-process gloo world (CPU), for the three settings (conf/trainer/):
 - the null controls: each of the other two settings gives a gradient and a logged loss other than hf_trainer's
   on these data, so the comparisons above can fail.
 
-The path the installed Trainer takes for a model with `accepts_loss_kwargs = False` (transformers 5.24.0,
-transformers/trainer.py):
-- `Trainer.__init__`, lines 514-523: `model_accepts_loss_kwargs` is the unwrapped model's `accepts_loss_kwargs`
+The path the installed Trainer takes for a model with `accepts_loss_kwargs = False` (transformers 5.25.0, which
+requirements.lock installs; transformers/trainer.py):
+- `Trainer.__init__`, lines 517-523: `model_accepts_loss_kwargs` is the unwrapped model's `accepts_loss_kwargs`
   where it has one, else whether its forward takes **kwargs (LlamaForCausalLM's does: True, the other two
   settings' path); the test asserts the Trainer read False;
-- `_get_num_items_in_batch`, lines 2315-2330: no count unless the model accepts loss kwargs or a
+- `_get_num_items_in_batch`, lines 2355-2366: no count unless the model accepts loss kwargs or a
   `compute_loss_func` is given: `num_items_in_batch` is None (asserted in every `training_step`);
-- `compute_loss`, lines 2167-2171: num_items_in_batch is not passed to the model, so its loss
-  (`ForCausalLMLoss`, loss/loss_utils.py `fixed_cross_entropy` line 41, reduction "mean") is the micro-batch's
-  token mean; lines 2206-2215: no multiplication by the number of processes;
-- `training_step`, lines 2111-2119: the loss is not "scaled for GA", so it is divided by
-  `current_gradient_accumulation_steps` (line 1885: the step's micro-batches, 2) before backward;
+- `compute_loss`, lines 2204-2209: num_items_in_batch is not passed to the model, so its loss
+  (`ForCausalLMLoss`, loss/loss_utils.py `fixed_cross_entropy` line 42, reduction "mean") is the micro-batch's
+  token mean; lines 2244-2252: no multiplication by the number of processes;
+- `training_step`, lines 2148-2156: the loss is not "scaled for GA", so it is divided by
+  `current_gradient_accumulation_steps` (line 1922: the step's micro-batches, 2) before backward;
 - DDP averages the gradients over the W ranks: (1/(W M)) sum_rm grad(token mean of micro-batch rm), the rule's
-  `no_loss_kwargs`; the logged loss (lines 1931, 2257-2262) is each rank's sum of those divided losses, averaged
+  `no_loss_kwargs`; the logged loss (lines 1968, 2294) is each rank's sum of those divided losses, averaged
   over the processes: (1/W) sum_r sum_m mean_rm / M, which is the runner's `reported_loss` of the rule. A
   micro-batch with no target would give a NaN loss, which (by the source, not run here) the Trainer's default
-  `logging_nan_inf_filter` (lines 1919-1925) keeps out of its log while the rule reports NaN; on these data no
+  `logging_nan_inf_filter` (lines 1955-1961) keeps out of its log while the rule reports NaN; on these data no
   micro-batch is empty, and both logged losses are asserted finite.
 """
 
