@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from analysis.load.provenance import KINDS, evidence_text, provenance
 from runner.callables import resolve_callable
-from runner.train.custom_rule import TESTED_KINDS, Package, Paper, Source, Tested, upstream_records
+from runner.train.upstream import TESTED_KINDS, Package, Paper, Source, Tested, upstream_records
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = {path.stem: OmegaConf.load(path) for path in sorted((REPO / "conf" / "trainer").glob("*.yaml"))}

@@ -87,7 +87,7 @@ def _entry(record: dict, detailed: bool) -> str:
 
 
 def _is_test(record: object) -> bool:
-    """A record of a test that holds the rule against upstream (`runner.train.custom_rule.Tested`), not of code."""
+    """A record of a test that holds the rule against upstream (`runner.train.upstream.Tested`), not of code."""
     return isinstance(record, dict) and "evidence" in record and "test" in record
 
 

@@ -1,12 +1,11 @@
-"""What transformers' config class of a Hugging Face model takes and makes of a config: the launcher asks in a
-short subprocess (`runner.sweep.hf_check`), since importing transformers' configs imports torch.
+"""What transformers' config class of a Hugging Face model takes and makes of a config: the launcher asks a
+subprocess (`runner.sweep.hf_check`), since importing transformers' configs imports torch.
 
-`python -m runner.model.hf_class MODEL_TYPE` prints, as one JSON line, the class's keys (every field of its
-default config, its `attribute_map` aliases, its constructor's parameters) and its default config.
-`python -m runner.model.hf_class --effective CONFIG_JSON KEYS_JSON` prints the config transformers builds from
-that dict (`CONFIG_MAPPING[model_type].from_dict`, whose `__post_init__` derives fields such as `layer_types`),
-and which of KEYS act on it: removing the key changes a field of the class (a legacy key that transformers
-converts, such as `rope_theta`, acts; a misspelt one is kept as an attribute that nothing reads).
+`class_facts(MODEL_TYPE)`: the class's keys (every field of its default config, its `attribute_map` aliases,
+its constructor's parameters) and its default config. `effective_config(CONFIG, KEYS)`: the config transformers
+builds from that dict (`CONFIG_MAPPING[model_type].from_dict`, whose `__post_init__` derives fields such as
+`layer_types`), and which of KEYS act on it: removing the key changes a field of the class (a legacy key that
+transformers converts, such as `rope_theta`, acts; a misspelt one is kept as an attribute that nothing reads).
 `python -m runner.model.hf_class --serve` answers both, one JSON line a request on stdin
 ({"facts": MODEL_TYPE} or {"effective": [CONFIG, KEYS]}), one JSON line a reply on stdout ({"error": ...}
 where transformers raised), until stdin closes: a launcher asking of many configs imports transformers once.
@@ -89,9 +88,6 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--serve":
-        serve()
-    elif sys.argv[1] == "--effective":
-        print(json.dumps(effective_config(json.loads(sys.argv[2]), json.loads(sys.argv[3]))))
-    else:
-        print(json.dumps(class_facts(sys.argv[1])))
+    if sys.argv[1:] != ["--serve"]:
+        sys.exit("usage: python -m runner.model.hf_class --serve (requests on stdin, one JSON line each)")
+    serve()

@@ -114,7 +114,7 @@ class RankParts:
             facts["all_reduce_backward"] = measured_backward(implementation, self.group, self.device, expected)
         if self.cfg.reduction is Reduction.custom:
             from runner.callables import local_sources, resolve_callable
-            from runner.train.custom_rule import upstream_records
+            from runner.train.upstream import upstream_records
 
             facts["custom_upstream"] = upstream_records(resolve_callable(self.cfg.custom.fn))
             facts["custom_sources_ran"] = local_sources(list(sys.modules))  # the rule's files as imported here

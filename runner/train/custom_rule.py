@@ -36,9 +36,9 @@ The rule may carry attributes (set them with `custom_rule`, or by hand):
   paraphrase of a repository's files at a commit; `Paper`: a published
   objective written out), and the tests of this repository that hold it, or
   a part of it, against upstream (`Tested`: the kind of evidence, the test,
-  what it is compared with), recorded in summary.json (`custom_upstream`);
-  the analysis derives the kinds of evidence from them
-  (`analysis.load.provenance`).
+  what it is compared with), recorded in summary.json (`custom_upstream`:
+  `runner.train.upstream`); the analysis derives the kinds of evidence from
+  them (`analysis.load.provenance`).
 
 Whatever the rule returns is checked, and whatever it raises (in the call or
 a hook) is reported as the rule's, naming the cause: a number or integer
@@ -50,17 +50,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from importlib import metadata
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from runner.config import Evidence, ObjectiveConfig
+from runner.config import ObjectiveConfig
 from runner.data.batches import IGNORE_INDEX, Responses
 from runner.modes import AutogradAllReduce
 from runner.train.all_reduce import differentiable_all_reduce
+from runner.train.upstream import Package, Paper, Source, Tested  # noqa: F401  (the protocol's names)
 
 CONFIGURED = "configured"  # graph_all_reduce: the rule uses ctx.all_reduce, i.e. `autograd_all_reduce`
 HOOKS = ("start_step", "finish_gradients", "grad_norm")
@@ -122,80 +122,6 @@ class LossContext(StepContext):
         return self.responses[self.micro_batch]
 
 
-@dataclass(frozen=True)
-class Package:
-    """An installed package whose functions the rule calls (`calls`) and whose code it otherwise follows."""
-
-    name: str  # the distribution, as pip names it
-    calls: tuple[str, ...] = ()  # the functions called, by their import path
-    follows: tuple[str, ...] = ()  # FILE: FUNCTION of the package that the rule writes out (not callable alone)
-
-    def record(self) -> dict:
-        try:
-            version = metadata.version(self.name)
-        except metadata.PackageNotFoundError:
-            version = None
-        return {"package": self.name, "version": version, "calls": list(self.calls), "follows": list(self.follows)}
-
-
-@dataclass(frozen=True)
-class Source:
-    """Upstream code the rule paraphrases (not packaged, or not callable alone): repository, commit, files."""
-
-    repository: str  # owner/name on GitHub
-    commit: str  # the commit the paraphrase was read at
-    files: tuple[str, ...] = field(default_factory=tuple)  # FILE: FUNCTION, as read there
-
-    def record(self) -> dict:
-        return {"repository": self.repository, "commit": self.commit, "files": list(self.files)}
-
-
-@dataclass(frozen=True)
-class Paper:
-    """A published objective the rule writes out (there is no code to call or read): the paper and where in it."""
-
-    citation: str  # authors, year, title
-    where: str  # its arXiv id and the equation
-
-    def record(self) -> dict:
-        return {"paper": self.citation, "where": self.where}
-
-
-TESTED_KINDS = (Evidence.release.value, Evidence.upstream_tests.value, Evidence.issue_example.value)
-
-
-@dataclass(frozen=True)
-class Tested:
-    """A test of this repository that holds the rule, or the part of it named in `via`, against upstream: the
-    kind of evidence (`runner.config.Evidence`: a release's own code run beside it, upstream's own test cases
-    reproduced, or an upstream report's own example), the test, and what it is compared with."""
-
-    __test__ = False  # no pytest test class, whatever its name
-
-    evidence: str  # one of TESTED_KINDS
-    test: str  # "tests/test_x.py::test_name", or "tests/test_x.py" for every test of the file
-    against: str  # the upstream it is compared with: the release, or the repository@commit of the tests
-    via: tuple[str, ...] = ()  # the functions of the rule's module the test calls in its stead (() = the rule)
-    needs: str | None = None  # what the test is skipped without (a package `make test` lacks, the package index)
-
-    def __post_init__(self):
-        if self.evidence not in TESTED_KINDS:
-            raise ValueError(
-                f"Tested evidence {self.evidence!r}: a test of this repository gives one of {TESTED_KINDS}"
-            )
-        if not self.test.startswith("tests/") or ".py" not in self.test:
-            raise ValueError(f"Tested test {self.test!r}: name it as tests/FILE.py or tests/FILE.py::test_name")
-
-    def record(self) -> dict:
-        return {
-            "evidence": self.evidence,
-            "test": self.test,
-            "against": self.against,
-            "via": list(self.via),
-            "needs": self.needs,
-        }
-
-
 def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, grad_norm=None, graph_all_reduce=None):
     """Decorate a rule fn(logits, labels, ctx) with its hooks and facts (module docstring)."""
     if graph_all_reduce is not None and graph_all_reduce != CONFIGURED:
@@ -210,12 +136,6 @@ def custom_rule(*, upstream=(), start_step=None, finish_gradients=None, grad_nor
         return fn
 
     return decorate
-
-
-def upstream_records(fn) -> list[dict]:
-    """summary.json's `custom_upstream`: each package (with the version that ran), source, paper and test the rule
-    names."""
-    return [entry.record() for entry in getattr(fn, "upstream", ()) or ()]
 
 
 def graph_all_reduce_of(fn, configured: Callable[[], AutogradAllReduce]) -> AutogradAllReduce | None:

@@ -42,7 +42,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers.loss.loss_utils import ForCausalLMLoss
 
-from runner.train.custom_rule import Package, Tested, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Package, Tested
 
 TRAINER = (
     "transformers/trainer.py: Trainer._get_num_items_in_batch",

@@ -38,7 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from runner.train.custom_rule import Source, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Source
 
 MEGATRON = Source(
     "NVIDIA/Megatron-LM",

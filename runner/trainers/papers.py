@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from runner.train.custom_rule import Paper, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Paper
 from runner.trainers.policy_gradient import dp_sum, token_logps
 
 GRPO = Paper("Shao et al. 2024, DeepSeekMath (GRPO)", "arXiv:2402.03300, the GRPO objective J_GRPO")

@@ -28,7 +28,8 @@ import torch
 from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
 from torchtitan.distributed.utils import dist_sum_tensor
 
-from runner.train.custom_rule import Package, Tested, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Package, Tested
 
 TORCHTITAN = Package(
     "torchtitan",

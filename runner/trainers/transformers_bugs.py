@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runner.train.custom_rule import Package, Source, Tested, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Package, Source, Tested
 from runner.trainers.hf_trainer import TP_SIZE, _model_loss, _trainer_loss, num_items_in_batch
 
 TRANSFORMERS = Package("transformers", calls=("transformers.loss.loss_utils.ForCausalLMLoss",))

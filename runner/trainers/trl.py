@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from runner.train.custom_rule import Source, Tested, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Source, Tested
 from runner.trainers.policy_gradient import dp_sum, pg_token_losses
 
 FILES = (

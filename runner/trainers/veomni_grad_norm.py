@@ -24,7 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from runner.train.custom_rule import Source, Tested, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Source, Tested
 
 BEFORE = Source(
     "ByteDance-Seed/VeOmni",

@@ -53,7 +53,8 @@ from __future__ import annotations
 
 import torch
 
-from runner.train.custom_rule import Package, Source, Tested, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Package, Source, Tested
 from runner.trainers.policy_gradient import dp_sum, longest_response, pg_token_losses, response_matrix
 
 try:  # verl's import pulls ray (about 5 s, 200 MB): only where `make setup-verl` installed it

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runner.train.custom_rule import Source, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Source
 
 BEFORE = Source(
     "volcengine/verl",

@@ -42,7 +42,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.nn.functional import all_reduce  # as ce_loss.py imports it
 
-from runner.train.custom_rule import Source, custom_rule
+from runner.train.custom_rule import custom_rule
+from runner.train.upstream import Source
 
 RELEASED = Source(
     "InternLM/xtuner",
