@@ -186,10 +186,14 @@ class ForkServer:
             return None if _running(pid) else 1
         if _parent(pid) == self._process.pid:
             return None  # running, or ended and about to be reaped by the server, which then reports it
-        with self._changed:  # reaped: its report is on its way, unless it was lost
-            self._changed.wait_for(lambda: pid in self._codes, _LOST_CODE_WAIT_S)
-            if pid in self._codes:
+        with self._changed:  # reaped: the server writes its report right after, and it is on its way
+            if self._changed.wait_for(lambda: pid in self._codes, _LOST_CODE_WAIT_S):
                 return self._codes.pop(pid)
+        if self.alive():
+            # Late, not lost (a loaded machine: 2 s passed once between the reap and the reply, and a rank that
+            # had finished was taken as failed): a living server reports every child it reaps. Asked again at
+            # the launcher's next poll.
+            return None
         _note(f"rank process {pid} ended and the fork server's report of how was lost: taken as failed")
         return 1
 
