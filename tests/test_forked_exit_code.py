@@ -49,3 +49,21 @@ def test_a_late_report_is_waited_for_while_the_server_lives_and_a_lost_one_is_a_
         process.kill()
         process.wait()
     assert server.exit_code(ended_pid()) == 1  # the server is gone and never reported it: how, nobody can say
+
+
+def test_a_retired_server_that_still_runs_reports_its_ranks_ends_as_before(monkeypatch, capsys):
+    # Retired (it forks no more ranks, e.g. after a cancelled request), yet running: the ranks it forked
+    # before are its children still, and it reports each one's end. A late report is waited for, not a failure.
+    monkeypatch.setattr(forked, "_LOST_CODE_WAIT_S", 0.05)
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        server, pid = stand_in(process), ended_pid()
+        server.retired = "it forks no more ranks here"
+        assert not server.alive() and server.reporting()
+        assert server.exit_code(pid) is None and "was lost" not in capsys.readouterr().err
+        report(server, pid, 0)
+        assert server.exit_code(pid) == 0
+    finally:
+        process.kill()
+        process.wait()
+    assert not server.reporting() and server.exit_code(ended_pid()) == 1

@@ -112,7 +112,11 @@ class ForkServer:
             _note(f"{why}; ranks start as fresh interpreters from now on")
 
     def alive(self) -> bool:
-        return self.retired is None and not self._eof and self._process.poll() is None
+        return self.retired is None and self.reporting()
+
+    def reporting(self) -> bool:
+        """Whether the server still reports the ends of its children: running, even if retired (forks no more)."""
+        return not self._eof and self._process.poll() is None
 
     def start(self, module: str, argv: list[str], env: dict[str, str], log: Path) -> ForkedRank | None:
         if import_env.differences(self.env, env):
@@ -180,16 +184,16 @@ class ForkServer:
         with self._changed:
             if pid in self._codes:
                 return self._codes.pop(pid)
-        if not self.alive():
+        if not self.reporting():
             # The server died first: its orphaned child is no longer ours to wait for. Gone means ended;
-            # how, nobody can say any more.
+            # how, nobody can say any more. (A retired server that still runs reports its children as before.)
             return None if _running(pid) else 1
         if _parent(pid) == self._process.pid:
             return None  # running, or ended and about to be reaped by the server, which then reports it
         with self._changed:  # reaped: the server writes its report right after, and it is on its way
             if self._changed.wait_for(lambda: pid in self._codes, _LOST_CODE_WAIT_S):
                 return self._codes.pop(pid)
-        if self.alive():
+        if self.reporting():
             # Late, not lost (a loaded machine: 2 s passed once between the reap and the reply, and a rank that
             # had finished was taken as failed): a living server reports every child it reaps. Asked again at
             # the launcher's next poll.
@@ -198,7 +202,7 @@ class ForkServer:
         return 1
 
     def close(self) -> None:
-        if self.alive():
+        if self.reporting():  # retired or not: a running server is asked to end, and waited for
             self._process.stdin.close()
             try:
                 self._process.wait(timeout=5)
