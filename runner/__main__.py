@@ -20,6 +20,16 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from runner.sweep import forked  # noqa: E402
+from runner.world.env import rank_env  # noqa: E402
+
+# Hydra's flags that print and exit: no job runs.
+_NO_JOB_FLAGS = frozenset("--help -h --hydra-help --info -i --cfg -c --shell-completion -sc --version".split())
+if rank_env() is None and not _NO_JOB_FLAGS & set(sys.argv[1:]):
+    # The rank server's imports (torch: about 2 s) run beside this launcher's own, its composition and its
+    # checks, instead of after them. Input refused below costs nothing for it: the server ends with the launcher.
+    forked.prestart()
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
