@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 # Families read at start-up or import: the interpreter (PYTHON*), the C runtime (LD_*, LC_*), OpenMP (libgomp,
 # Intel's), MKL and oneDNN, OpenBLAS, numpy, torch and its compilers, profilers and distributed modules,
@@ -94,11 +94,8 @@ def differences(server: Mapping[str, str], request: Mapping[str, str]) -> list[s
     return sorted(name for name in names if server.get(name) != request.get(name))
 
 
-def unlisted_reads() -> tuple[int, list[str]]:
-    """Import what the fork server preloads, noting each variable read by name: how many, and those missed here.
-
-    Run it in a process of its own (`python -m runner.world.import_env`): the modules it imports stay imported.
-    """
+def reads_of(modules: Iterable[str]) -> set[str]:
+    """The variables read by name while `modules` are imported (those not imported yet: run it in a fresh process)."""
     read: set[str] = set()
 
     class Recording(type(os.environ)):
@@ -112,12 +109,22 @@ def unlisted_reads() -> tuple[int, list[str]]:
         environ._data, environ.encodekey, environ.decodekey, environ.encodevalue, environ.decodevalue
     )
     try:
-        from runner.world.fork_server import PRELOADED
-
-        for name in PRELOADED:
+        for name in modules:
             importlib.import_module(name)
     finally:
         os.environ = environ  # noqa: B003
+    return read
+
+
+def unlisted_reads() -> tuple[int, list[str]]:
+    """Import what the fork server preloads, noting each variable read by name: how many, and those missed here.
+
+    Run it in a process of its own (`python -m runner.world.import_env`): the modules it imports stay imported.
+    """
+    read = reads_of(["runner.world.fork_server"])  # the server's own module, then what it preloads
+    from runner.world.fork_server import PRELOADED
+
+    read |= reads_of(PRELOADED)
     return len(read), sorted(name for name in read if not read_at_import(name) and name not in SET_IN_THE_CHILD)
 
 
