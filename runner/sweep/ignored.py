@@ -19,6 +19,7 @@ refused, with the command that runs the trainers' rules (`experiment=trainers`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,8 +176,16 @@ def _set(cfg: DictConfig, key: str, defaults: DictConfig) -> bool:
     return value_at(cfg, key) != value_at(defaults, key)
 
 
-def _unread_by_rule(cfg: DictConfig, besides: tuple[str, ...] = ()) -> list[tuple[Rule, list[str]]]:
+@functools.cache
+def _defaults() -> DictConfig:
+    """RunConfig's defaults, built once (each build deep-copies the schema: tens of ms) and read-only."""
     defaults = OmegaConf.structured(RunConfig)
+    OmegaConf.set_readonly(defaults, True)
+    return defaults
+
+
+def _unread_by_rule(cfg: DictConfig, besides: tuple[str, ...] = ()) -> list[tuple[Rule, list[str]]]:
+    defaults = _defaults()
     found = []
     for rule in RULES:
         if not rule.reads(cfg):
