@@ -8,7 +8,8 @@ Generated over every rule a preset runs (conf/trainer/*.yaml's custom.fn) and ev
   `via`, each of those (which its module holds);
 - the `evidence` column (`analysis.load.provenance`) is the kinds its records give, strongest first, each once,
   and the detailed form names every test;
-- docs/trainers.md's rules table shows, row by row, the evidence its preset's records give.
+- docs/trainers.md's and docs/post-training.md's rules tables show, row by row, the evidence its preset's
+  records give (a kind only tests skipped without a package give marked "(needs PACKAGE)").
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ def kinds_of(entry) -> list[str]:
 
 
 def expected_evidence(fn) -> str:
+    """The kinds, strongest first; one that only tests skipped without a package give is marked (needs it)."""
     kinds = {kind for entry in fn.upstream for kind in kinds_of(entry)} or {"constructed"}
-    return ", ".join(sorted(kinds, key=KINDS.index))
+
+    def shown(kind: str) -> str:
+        givers = [entry for entry in fn.upstream if kind in kinds_of(entry)]
+        needs = {entry.needs if isinstance(entry, Tested) else None for entry in givers}
+        return kind if None in needs or not givers else f"{kind} (needs {' or '.join(sorted(needs))})"
+
+    return ", ".join(shown(kind) for kind in sorted(kinds, key=KINDS.index))
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -116,7 +124,8 @@ def test_known_rows():
     assert evidence["megatron"] == evidence["xtuner"] == "paraphrase"
     assert evidence["trl_dapo"] == "upstream_tests, paraphrase"
     assert evidence["sum_under_fsdp_sum"] == "constructed" and evidence["paper_grpo"] == "paper"
-    assert evidence["verl_token_mean"].startswith("release, upstream_tests")  # verl's own, or the parity test
+    # verl's own agg_loss only where verl is installed (make setup-verl): marked, `make test` skips that test
+    assert evidence["verl_token_mean"].startswith("release (needs verl), upstream_tests")
     assert BUILT_IN and provenance({})["evidence"] == ""  # the runner's own modes record no custom_upstream
 
 
@@ -127,7 +136,9 @@ def test_the_evidence_text_of_records():
     tested = Tested("upstream_tests", "tests/test_x.py::test_y", "org/repo@abc1234 tests", via=("f",), needs="pkg")
     followed = {"package": "p", "version": "1.0", "calls": [], "follows": ["p/a.py: g"]}
     records = [{"repository": "o/r", "commit": "c" * 40, "files": []}, tested.record(), followed, tested.record()]
-    assert evidence_text(records) == "upstream_tests, paraphrase"
+    assert evidence_text(records) == "upstream_tests (needs pkg), paraphrase"  # only skipped-without tests give it
+    untested = Tested("upstream_tests", "tests/test_z.py::test_w", "org/repo@abc1234 tests")
+    assert evidence_text([*records, untested.record()]) == "upstream_tests, paraphrase"  # one test runs anywhere
     assert evidence_text(records, detailed=True) == (
         "upstream_tests: tests/test_x.py::test_y (through f) against org/repo@abc1234 tests, skipped without pkg; "
         "upstream_tests: tests/test_x.py::test_y (through f) against org/repo@abc1234 tests, skipped without pkg; "
@@ -147,10 +158,13 @@ def test_a_tested_entry_names_a_kind_a_test_gives_and_a_test_of_the_repository()
         Tested("release", "test_x", "somewhere")
 
 
-def docs_rows() -> dict[str, str]:
-    """docs/trainers.md's rules table: each row's trainer= name and its evidence cell."""
-    lines = (REPO / "docs" / "trainers.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| trainer= (mode label) |"))
+DOCS_TABLES = {"trainers.md": "| trainer= (mode label) |", "post-training.md": "| `trainer=` (mode label) |"}
+
+
+def docs_rows(doc: str) -> dict[str, str]:
+    """A rules table of docs/: each row's trainer= name and its evidence cell."""
+    lines = (REPO / "docs" / doc).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(DOCS_TABLES[doc]))
     header = [cell.strip() for cell in lines[start].strip("|").split("|")]
     column = header.index("evidence")
     rows = {}
@@ -162,11 +176,13 @@ def docs_rows() -> dict[str, str]:
     return rows
 
 
-def test_the_docs_table_shows_the_evidence_the_records_give():
-    rows = docs_rows()
-    assert {"hf_trainer", "megatron", "torchtitan", "sum_under_fsdp_sum", "local"} <= set(rows)
+@pytest.mark.parametrize("doc", DOCS_TABLES)
+def test_the_docs_tables_show_the_evidence_the_records_give(doc):
+    rows = docs_rows(doc)
+    named = {"trainers.md": {"hf_trainer", "megatron", "torchtitan", "sum_under_fsdp_sum", "local"}}
+    assert named.get(doc, {"reference", "verl_token_mean", "trl_dapo", "paper_grpo"}) <= set(rows)
     for name, cell in rows.items():
-        assert name in PRESETS, f"docs/trainers.md names trainer={name}, which conf/trainer/ lacks"
+        assert name in PRESETS, f"docs/{doc} names trainer={name}, which conf/trainer/ lacks"
         if name in BUILT_IN:
             assert cell == "-", name
         else:

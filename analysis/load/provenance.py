@@ -147,11 +147,25 @@ def evidence_kinds(records: object) -> list[str]:
     return list(dict.fromkeys(kind for kind, _ in _sourced(records)))
 
 
+def _needed(records: object, kind: str) -> str | None:
+    """What every record of `kind` needs to run (a package `make test` lacks), or None where one runs without."""
+    if not isinstance(records, list):
+        return None
+    named = [r for r in records if isinstance(r, dict)]
+    tests = [r for r in named if _is_test(r) and r["evidence"] == kind]
+    if not tests or any(k == kind for r in named if not _is_test(r) for k, _ in _kinds(r)):
+        return None  # none of this kind, or one the run itself gives (the package's function called)
+    needs = {r.get("needs") for r in tests}
+    return None if None in needs else " or ".join(sorted(needs))
+
+
 def evidence_text(records: object, detailed: bool = False) -> str:
-    """The `evidence` column (the kinds, ", "-joined) or, `detailed`, `evidence_detail` ("kind: source" for each
+    """The `evidence` column (the kinds, ", "-joined, each held only by tests skipped without a package marked
+    "(needs PACKAGE)": `make test` does not run them) or, `detailed`, `evidence_detail` ("kind: source" for each
     record, strongest first, "; "-joined); "" where the run records nothing."""
     if not detailed:
-        return ", ".join(evidence_kinds(records))
+        marked = [(kind, _needed(records, kind)) for kind in evidence_kinds(records)]
+        return ", ".join(kind + (f" (needs {needs})" if needs else "") for kind, needs in marked)
     return "; ".join(f"{kind}: {text}" for kind, text in _sourced(records))
 
 
