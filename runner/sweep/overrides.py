@@ -78,7 +78,34 @@ def override_problems(args: list[str]) -> list[tuple[str, str]]:
                 "(the schema is fixed: a `+` cannot add keys to it)",
             )
         )
-    return found + _known_bug_problems(candidates, overrides)
+    return found + _preset_problems(args, overrides, groups) + _known_bug_problems(candidates, overrides)
+
+
+def _preset_problems(args: list[str], overrides: list, groups: set[str]) -> list[tuple[str, str]]:
+    """`model=hf_lama`: a choice of a config group that conf/GROUP/ has no preset for, with the closest names.
+    Left to Hydra where a search path or config folder is added (it may hold more presets) and for glob sweeps."""
+    if any(arg.startswith(("hydra.searchpath", "--config-dir", "-cd", "--config-path", "-cp")) for arg in args):
+        return []
+    found = []
+    for override in overrides:
+        group = override.key_or_group
+        if group not in groups or group == "hydra" or override.is_delete():
+            continue
+        try:
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        except HydraException:  # a glob: Hydra matches it against the presets itself
+            continue
+        presets = sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+        for value in (v for v in values if isinstance(v, str) and v not in presets):
+            close = difflib.get_close_matches(value, presets, n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            found.append(
+                (
+                    group,
+                    f"{group}={value}: conf/{group}/ has no preset {value}; {hint}the presets: {', '.join(presets)}",
+                )
+            )
+    return found
 
 
 def _known_bug_problems(args: list[str], overrides: list) -> list[tuple[str, str]]:
