@@ -242,7 +242,10 @@ torch's `elastic_launch` (c10d rendezvous on a free port, max_restarts=0, per-ra
 each starting `bench/launcher_rank.py` (join as the worker does with `runner.world.env.init_world`, barrier,
 leave); `run_world` once more as the null control, and once with its ranks in sessions of their own; and
 `python -m runner train.steps=1` (tiny, W&B offline), whose wall time minus training is the per-job fixed cost,
-as B2 measures it. Launcher arms are timed in this
+as B2 measures it. The runner's arms fork their ranks from its fork server, torch already imported
+(`runner.world.fork_server`, the default; RUNNER_FORK_SERVER=0 starts fresh interpreters), which elastic does
+not: the first tables' difference holds the ranks' imports that forking saves, the table less the ranks'
+imports compares the launchers alone. Launcher arms are timed in this
 process, which has torch and the elastic modules imported (importing `torch.distributed.launcher.api` after
 torch costs {imports.after_torch_s:.2f} s, once per sweep, not per job: not in the figures).
 
