@@ -138,62 +138,35 @@ def _analyze(
     curve_pngs = (
         [background.submit(draw, *args) for draw, args in curve_figure_jobs(runs, curves, out)] if plotting else []
     )
-    judged = verdicts(runs, measures, tol)
-    table = pd.concat(
-        [runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol, loaded.steps)], axis=1
-    )
-    clip_by_run = measures["clip_active_frac"].set_axis(runs["run"])
-    table.insert(table.columns.get_loc("clip_active_frac") + 1, "baseline_clip_frac", runs["baseline"].map(clip_by_run))
-    table.to_csv(out / "verdicts.csv", index=False)
+    table = _verdicts_table(runs, measures, tol, loaded.steps)
+    written: dict[str, pd.DataFrame] = {}  # each table as it is written, under its file's name
+    _save(out, written, {"verdicts.csv": table})
     clock("measures and verdicts")
 
     layout_table = invariance(runs, curves["loss"], curves["logged"], tol)
     layout_summary = invariance_summary(layout_table)
-    layout_table.to_csv(out / "invariance.csv", index=False)
     comm = comm_table(runs, loaded.steps)
-    comm.to_csv(out / "comm.csv", index=False)
-    cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None else pd.DataFrame()  # those that measured
-    cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
-    loaded.notes.extend(short_cost_jobs(cost_jobs))
-    if len(cost_jobs):
-        cost.to_csv(out / "cost.csv", index=False)
-        floor.to_csv(out / "floor.csv", index=False)
+    _save(out, written, {"invariance.csv": layout_table, "comm.csv": comm})
+    cost, floor = _cost_tables(loaded, out, written)
     clock("invariance and communication")
 
     rl_runs = post_training_runs(runs, loaded.steps, tol)
     rl_papers = paper_table(rl_runs, runs, loaded.steps, tol)
     rl = rl_table(rl_runs, rl_papers)
-    rl_written = {"rl.csv": rl, "rl_runs.csv": rl_runs, "rl_papers.csv": rl_papers} if len(rl) else {}
-    for name, frame in rl_written.items():
-        frame.to_csv(out / name, index=False)
+    if len(rl):
+        _save(out, written, {"rl.csv": rl, "rl_runs.csv": rl_runs, "rl_papers.csv": rl_papers})
     clock("post-training")
 
-    other_pngs = []
-    if plotting and len(rl):
-        other_pngs.append(post_training_plot(rl_runs, rl, out))
-    if plotting and len(counted_modes(comm)) >= 2:
-        other_pngs.append(comm_overhead(comm, out))
-    if plotting and len(cost):
-        other_pngs.append(interleaved_cost(cost, out))
+    other_pngs = _figures_drawn_here(plotting, rl_runs, rl, comm, cost, out)
     clock("plots (this process)")
     # The report names the per-group figures while the forked process may still be drawing them.
     pngs = (curve_figure_paths(curves, out, runs) if plotting else []) + other_pngs
-    trainers = trainers_table(runs, table, comm)
+    trainers, bugs = trainers_table(runs, table, comm), bugs_table(runs, table, tol)
     if len(trainers):
-        trainers_csv(trainers).to_csv(out / "trainers.csv", index=False)
-    bugs = bugs_table(runs, table, tol)
+        _save(out, written, {"trainers.csv": trainers_csv(trainers)})
     if len(bugs):
-        bugs_csv(bugs).to_csv(out / "bugs.csv", index=False)
-    answer = opening(runs, table, comm, layout_summary, cost, trainers)
-    if len(rl):  # a post-training sweep asks this first
-        answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
-    extras = (
-        bugs_answer(bugs) if len(bugs) else "",
-        rfc_answer(table, runs),
-        "\n".join(trainer_sentences(trainers)),
-    )
-    for extra in extras:
-        answer += f"\n{extra}\n" if extra else ""
+        _save(out, written, {"bugs.csv": bugs_csv(bugs)})
+    answer = _answer(runs, table, comm, layout_summary, cost, trainers, bugs, rl)
     body = (
         post_training_section(rl)
         + bugs_section(bugs)
@@ -204,28 +177,13 @@ def _analyze(
         out, sweeps, answer, body, pngs, cost, floor, groups=runs["group"].nunique(), notes=loaded.notes
     )
     clock("report")
-    for drawn in curve_pngs:
-        drawn.result()
-    clock("plots (rest, in the forked process)")
-    parquet_written.result()
-    writer.shutdown()
-    clock("runs.parquet (rest of the write)")
-    tables = {"verdicts": table, "invariance": layout_table, "comm": comm}
-    if len(cost):
-        tables.update(cost=cost, floor=floor)
-    if len(trainers):
-        tables["trainers"] = trainers_csv(trainers)
-    tables.update({name.removesuffix(".csv"): frame for name, frame in rl_written.items()})
-    if len(bugs):
-        tables["bugs"] = bugs_csv(bugs)
+    _wait_for_helpers(curve_pngs, parquet_written, writer, clock)
+    # W&B gets the cost tables where the cost jobs gave rows (their files are written for any that measured)
+    tables = {name.removesuffix(".csv"): f for name, f in written.items() if len(cost) or name not in _COST_FILES}
     wandb_dir = log_analysis(out, sweeps[0].name, runs, tables, pngs, report, resolve_mode(wandb_mode, runs))
     clock("W&B")
-    written = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
-    written += ["cost.csv", "floor.csv"] if len(cost_jobs) else []
-    written += ["trainers.csv"] if len(trainers) else []
-    written += list(rl_written)
-    written += ["bugs.csv"] if len(bugs) else []
-    written += [p.name for p in pngs]
+    files = ["report.md", "verdicts.csv", "invariance.csv", "comm.csv", "runs.parquet"]
+    files += [name for name in _LATER_FILES if name in written] + [p.name for p in pngs]
     return Analysis(
         out,
         runs,
@@ -236,7 +194,7 @@ def _analyze(
         answer,
         report,
         wandb_dir,
-        written,
+        files,
         loaded.notes,
         clock.timings,
         rl,
@@ -244,6 +202,71 @@ def _analyze(
         rl_papers,
         bugs,
     )
+
+
+_COST_FILES = ("cost.csv", "floor.csv")
+_LATER_FILES = (*_COST_FILES, "trainers.csv", "rl.csv", "rl_runs.csv", "rl_papers.csv", "bugs.csv")  # as listed
+
+
+def _save(out: Path, written: dict[str, pd.DataFrame], frames: dict[str, pd.DataFrame]) -> None:
+    """Write each table to out/NAME now (what is done stays written if a later step fails); note it."""
+    for name, frame in frames.items():
+        frame.to_csv(out / name, index=False)
+        written[name] = frame
+
+
+def _cost_tables(loaded, out: Path, written: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cost, floor) of the cost jobs that measured, written where any did; a short job is noted."""
+    cost_jobs = loaded.cost_jobs if loaded.cost_jobs is not None else pd.DataFrame()  # those that measured
+    cost, floor = cost_table(cost_jobs), floor_table(cost_jobs)
+    loaded.notes.extend(short_cost_jobs(cost_jobs))
+    if len(cost_jobs):
+        _save(out, written, {"cost.csv": cost, "floor.csv": floor})
+    return cost, floor
+
+
+def _wait_for_helpers(curve_pngs: list, parquet_written, writer: ThreadPoolExecutor, clock: _Clock) -> None:
+    """The forked process's figures and the thread's runs.parquet, each done on return."""
+    for drawn in curve_pngs:
+        drawn.result()
+    clock("plots (rest, in the forked process)")
+    parquet_written.result()
+    writer.shutdown()
+    clock("runs.parquet (rest of the write)")
+
+
+def _verdicts_table(runs: pd.DataFrame, measures: pd.DataFrame, tol: Tolerances, steps) -> pd.DataFrame:
+    """verdicts.csv: each run's measures, its verdict and what it was expected to give, with its baseline's
+    clipping beside its own."""
+    judged = verdicts(runs, measures, tol)
+    table = pd.concat([runs[VERDICT_ID_COLUMNS], measures, judged, expected_verdicts(runs, judged, tol, steps)], axis=1)
+    clip_by_run = measures["clip_active_frac"].set_axis(runs["run"])
+    table.insert(table.columns.get_loc("clip_active_frac") + 1, "baseline_clip_frac", runs["baseline"].map(clip_by_run))
+    return table
+
+
+def _figures_drawn_here(
+    plotting: bool, rl_runs: pd.DataFrame, rl: pd.DataFrame, comm: pd.DataFrame, cost: pd.DataFrame, out: Path
+) -> list[Path]:
+    """The figures this process draws (the per-group curves are the forked process's)."""
+    if not plotting:
+        return []
+    pngs = [post_training_plot(rl_runs, rl, out)] if len(rl) else []
+    pngs += [comm_overhead(comm, out)] if len(counted_modes(comm)) >= 2 else []
+    pngs += [interleaved_cost(cost, out)] if len(cost) else []
+    return pngs
+
+
+def _answer(runs, table, comm, layout_summary, cost, trainers, bugs, rl) -> str:
+    """The report's answer: the post-training one first where the sweep has one, then the training answer, the
+    known bugs', the RFC's and the trainers' sentences."""
+    answer = opening(runs, table, comm, layout_summary, cost, trainers)
+    if len(rl):  # a post-training sweep asks this first
+        answer = answer.replace("## Answer\n\n", f"## Answer\n\n{post_training_answer(rl)}\n\n", 1)
+    extras = (bugs_answer(bugs) if len(bugs) else "", rfc_answer(table, runs), "\n".join(trainer_sentences(trainers)))
+    for extra in extras:
+        answer += f"\n{extra}\n" if extra else ""
+    return answer
 
 
 def _analyze_cost_only(
