@@ -311,6 +311,9 @@ class RunConfig:
     # HSDP: the dp ranks form this many replicas, each sharded by FSDP over dp / dp_replicate of them
     # (times sp); 1 shards over all W ranks, dp_replicate = dp is plain DDP (`runner.layout`).
     dp_replicate: int = ranged(1, ge=1)
+    # Tensor parallelism of the own decoder over this many ranks, which hold the same tokens: dp = world_size /
+    # (sp * tp), and the loss and N are reduced over the dp x sp data ranks (`runner.model.tensor_parallel`).
+    tp: int = ranged(1, ge=1)
     grad_accum: int = ranged(1, ge=1)
     seed: int = ranged(0, ge=0, lt=2**32)
     device: Device = Device.auto

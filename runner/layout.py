@@ -1,8 +1,14 @@
-"""The parallel layout of one job: how W ranks split into data and sequence parallelism.
+"""The parallel layout of one job: how W ranks split into data, sequence and tensor parallelism.
 
 Built once from the config, validated before any process starts, and printed
-readably (`DP(2)-SP(2)-GA(4)`), which also names the run. W = dp * sp ranks;
-Ulysses attention needs the heads and the sequence to split evenly over sp.
+readably (`DP(2)-SP(2)-GA(4)`, `DP(2)-SP(1)-TP(2)-GA(1)`), which also names the
+run. W = dp * sp * tp ranks; Ulysses attention needs the heads and the
+sequence to split evenly over sp (and, inside tensor parallelism, over sp x tp).
+
+The tp ranks of one tensor-parallel group hold the same rows and columns of
+the batch and one copy of the loss: the data ranks (dp x sp = W / tp) are
+the ones whose token losses sum to L and whose valid tokens sum to N
+(`runner.model.tensor_parallel`).
 
 FSDP shards one copy of the model over W / dp_replicate ranks. With
 dp_replicate = R > 1 (HSDP) the dp ranks form R replicas, each sharded over
@@ -12,7 +18,7 @@ train on different rows of the batch, so the data split is over all dp ranks
 whatever R is. The mesh (`runner.model.parallel`) follows torchtitan's
 `ParallelDims` (pytorch/torchtitan, torchtitan/distributed/parallel_dims.py at
 0119de156de558030726b8539ef0078d8aaaec99): replicate outermost, then shard, then
-sequence; FSDP's 2-D mesh is (replicate, shard x sp).
+sequence, then tensor; FSDP's 2-D mesh is (replicate, shard x sp).
 """
 
 from __future__ import annotations
@@ -39,15 +45,27 @@ class ParallelLayout:
     sp: int
     grad_accum: int
     dp_replicate: int = 1  # R: replicas of the model among the dp ranks (HSDP; R = dp is DDP)
+    tp: int = 1  # T: tensor-parallel ranks, which hold the same rows and columns of the batch
 
     @classmethod
     def from_config(cls, cfg) -> ParallelLayout:
-        return cls(world_size=cfg.world_size, sp=cfg.sp, grad_accum=cfg.grad_accum, dp_replicate=cfg.dp_replicate)
+        return cls(
+            world_size=cfg.world_size,
+            sp=cfg.sp,
+            grad_accum=cfg.grad_accum,
+            dp_replicate=cfg.dp_replicate,
+            tp=cfg.tp,
+        )
 
     @property
     def dp(self) -> int:
         """Data-parallel ranks: each takes its own rows of the batch (replicas and shards alike)."""
-        return self.world_size // self.sp
+        return self.world_size // (self.sp * self.tp)
+
+    @property
+    def data_ranks(self) -> int:
+        """dp x sp = W / tp: the ranks that hold distinct tokens, over which the loss is summed and N counted."""
+        return self.dp * self.sp
 
     @property
     def dp_shard(self) -> int:
@@ -63,9 +81,15 @@ class ParallelLayout:
     def replicated(self) -> bool:
         return self.dp_replicate > 1
 
+    def _dp_formula(self) -> str:
+        if self.tp > 1:
+            return f"world_size / (sp x tp) = {self.world_size} / ({self.sp} x {self.tp})"
+        return f"world_size / sp = {self.world_size} / {self.sp}"
+
     def __str__(self) -> str:
         dp = f"{self.dp_replicate}x{self.dp_shard}" if self.replicated else f"{self.dp}"
-        return f"DP({dp})-SP({self.sp})-GA({self.grad_accum})"
+        tp = f"-TP({self.tp})" if self.tp > 1 else ""
+        return f"DP({dp})-SP({self.sp}){tp}-GA({self.grad_accum})"
 
     def problems(
         self, *, global_batch: int, seq_len: int, n_heads: int | None, heads_field: str = "model.n_heads"
@@ -81,42 +105,66 @@ class ParallelLayout:
             ("sp", self.sp),
             ("grad_accum", self.grad_accum),
             ("dp_replicate", self.dp_replicate),
+            ("tp", self.tp),
         )
         for name, value in sizes:
             if value < 1:
                 found.append((name, f"{name}={value} must be >= 1"))
         if found:
             return found
-        # Suggest only degrees that pass every sp rule: they divide the world, the heads and the sequence.
-        valid = ", ".join(
-            str(d)
-            for d in divisors(self.world_size)
-            if (n_heads is None or n_heads % d == 0) and seq_len % d == 0  # unknown heads: no rule of theirs
+        if self.world_size % self.tp:
+            valid_tp = ", ".join(map(str, divisors(self.world_size)))
+            return [("tp", f"tp={self.tp} does not divide world_size={self.world_size}; valid tp: {valid_tp}")]
+        # The sp ranks split the ranks one tensor-parallel group leaves (W / tp); each tp rank holds
+        # n_heads / tp heads, which Ulysses splits again over sp, and tp's sequence parallelism splits each sp
+        # chunk over the tp ranks between the blocks (torchtitan's seq_len_divisor).
+        ranks, split = self.world_size // self.tp, self.sp * self.tp
+        # Suggest only degrees that pass every sp rule: they divide the ranks, the heads and the sequence.
+        valid = (
+            ", ".join(
+                str(d)
+                for d in divisors(ranks)
+                if (n_heads is None or n_heads % (d * self.tp) == 0) and seq_len % (d * self.tp) == 0
+            )
+            or f"none at tp={self.tp}"
+        )  # at tp = 1, sp = 1 always is
+        of_world = (
+            f"world_size / tp = {self.world_size} / {self.tp} = {ranks}" if self.tp > 1 else f"world_size={ranks}"
         )
-        if self.world_size % self.sp:
-            return [("sp", f"sp={self.sp} does not divide world_size={self.world_size}; valid sp: {valid}")]
-        if n_heads is not None and n_heads % self.sp:
+        if ranks % self.sp:
+            return [("sp", f"sp={self.sp} does not divide {of_world}; valid sp: {valid}")]
+        over = f"sp x tp = {self.sp} x {self.tp} = {split}" if self.tp > 1 else f"sp={self.sp}"
+        if n_heads is not None and n_heads % split:
+            valid_for = "valid sp for this model and tp" if self.tp > 1 else "valid sp for this model"
             found.append(
                 (
                     "sp",
-                    f"{heads_field}={n_heads} cannot be split over sp={self.sp} ranks; valid sp for this model: {valid}",
+                    f"{heads_field}={n_heads} cannot be split over {over} ranks; {valid_for}: {valid}",
                 )
             )
-        if seq_len % self.sp:
+        if seq_len % split:
             found.append(
                 (
                     "train.seq_len",
-                    f"train.seq_len={seq_len} cannot be split into sp={self.sp} equal chunks; "
-                    f"use a multiple of {self.sp} (e.g. {near_multiples(seq_len, self.sp)})",
+                    f"train.seq_len={seq_len} cannot be split into {over} equal chunks; "
+                    f"use a multiple of {split} (e.g. {near_multiples(seq_len, split)})",
                 )
             )
         if self.dp % self.dp_replicate:
             found.append(
                 (
                     "dp_replicate",
-                    f"dp_replicate={self.dp_replicate} does not divide dp = world_size / sp = "
-                    f"{self.world_size} / {self.sp} = {self.dp} (the replicas split the dp ranks evenly); "
+                    f"dp_replicate={self.dp_replicate} does not divide dp = {self._dp_formula()} = {self.dp} "
+                    "(the replicas split the dp ranks evenly); "
                     f"valid dp_replicate: {', '.join(map(str, divisors(self.dp)))}",
+                )
+            )
+        if self.tp > 1 and self.replicated:
+            found.append(
+                (
+                    "dp_replicate",
+                    f"dp_replicate={self.dp_replicate} with tp={self.tp}: HSDP is not composed with tensor "
+                    "parallelism yet; use dp_replicate=1 (FSDP over dp x sp, tensor parallelism inside)",
                 )
             )
         split = self.dp * self.grad_accum

@@ -47,6 +47,26 @@ REFUSALS = [
         ["world_size=4", "dp_replicate=3"],
         ["dp_replicate=3 does not divide dp = world_size / sp = 4 / 1 = 4", "valid dp_replicate: 1, 2, 4"],
     ),
+    (
+        "tp not dividing world_size",
+        ["world_size=4", "tp=3"],
+        ["tp=3 does not divide world_size=4", "valid tp: 1, 2, 4"],
+    ),
+    (
+        "heads or sequence not splitting over sp x tp",
+        ["world_size=8", "sp=2", "tp=4"],
+        ["model.n_heads=4 cannot be split over sp x tp = 2 x 4 = 8 ranks", "valid sp for this model and tp: 1"],
+    ),
+    (
+        "a vocabulary or feed-forward width not splitting over tp",
+        ["world_size=4", "tp=4", "model.ffn_hidden=90"],
+        ["the feed-forward width", "=90 cannot be split into tp=4 equal slices", "use a multiple of 4 (e.g. 92)"],
+    ),
+    (
+        "tp with a Hugging Face model, tied embeddings, HSDP or reduction=custom",
+        ["model=hf_llama", "tp=2"],
+        ["tp=2 is built for the runner's own decoder", "Hugging Face model: use tp=1"],
+    ),
     ("grad_accum < 1", ["grad_accum=0"], ["grad_accum=0", ">= 1"]),
     ("train.steps < 1", ["train.steps=0"], ["train.steps=0", ">= 1"]),
     ("optim.lr <= 0", ["optim.lr=0"], ["optim.lr=0", "> 0"]),

@@ -53,7 +53,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
         batch, seq, _ = x.shape
-        shape = (batch, seq, self.n_heads, self.head_dim)
+        shape = (batch, seq, -1, self.head_dim)  # -1: n_heads, or n_heads / tp on a tensor-parallel rank
         q = apply_rotary(self.wq(x).view(shape), cos, sin)
         k = apply_rotary(self.wk(x).view(shape), cos, sin)
         v = self.wv(x).view(shape)

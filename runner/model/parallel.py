@@ -30,6 +30,12 @@ chooses it for float32 and bfloat16, and as measured on gloo (tests/test_hsdp.py
   lacks: so the mean is FSDP's default, never "divide by W".
 
 So every mode's gradient is the same multiple of grad L at any R.
+
+With tensor parallelism (tp = T > 1) the W ranks are a 3-D mesh (dp, sp, tp),
+tp innermost; `world` is its (dp, sp) view, FSDP shards over the flattened
+dp x sp data ranks, whose group is the loss's, and `tp` is each rank's
+tensor-parallel group (`runner.model.tensor_parallel`). HSDP with tp is refused
+before launch.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from runner.config import MixedPrecisionConfig
 from runner.layout import ParallelLayout
+from runner.model.tensor_parallel import apply_tensor_parallel
 from runner.model.ulysses import UlyssesAttention
 
 
@@ -52,17 +59,24 @@ class Meshes:
     world: DeviceMesh  # 2-D (dp, sp): the data split and Ulysses
     fsdp: DeviceMesh  # FSDP's: `everyone` when dp_replicate = 1, else 2-D (replicate, shard_sp): HSDP
     everyone: DeviceMesh  # 1-D, all W ranks
-    loss_group: dist.ProcessGroup  # all W ranks: the loss collectives (a group of their own under HSDP)
+    loss_group: dist.ProcessGroup  # the data ranks (dp x sp): the loss collectives and N (all W at tp = 1)
+    tp: DeviceMesh | None = None  # 1-D, this rank's tensor-parallel group; None at tp = 1
+    all_ranks: dist.ProcessGroup | None = None  # all W ranks where they are not the loss group (tp > 1)
 
     @property
     def world_group(self) -> dist.ProcessGroup:
-        return self.loss_group
+        """All W ranks: the metrics' gather, checkpoints and the stop signal's agreement."""
+        return self.all_ranks if self.all_ranks is not None else self.loss_group
 
     def group_kinds(self) -> dict[str, str]:
-        """For the collective counter: FSDP's all-reduce over the replicas is `replica_all_reduce`, not the loss's."""
-        if self.fsdp.ndim == 1:
-            return {}
-        return {self.fsdp["replicate"].get_group().group_name: "replica_all_reduce"}
+        """For the collective counter: FSDP's all-reduce over the replicas is `replica_all_reduce`, and tensor
+        parallelism's collectives are `tp_` and their op (`tp_all_gather`, ...), none of them the loss's."""
+        kinds = {}
+        if self.tp is not None:
+            kinds[self.tp.get_group().group_name] = "tp_{}"
+        if self.fsdp.ndim == 2:
+            kinds[self.fsdp["replicate"].get_group().group_name] = "replica_all_reduce"
+        return kinds
 
     @property
     def sp_group(self) -> dist.ProcessGroup:
@@ -78,6 +92,8 @@ class Meshes:
 
 
 def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
+    if layout.tp > 1:
+        return _tensor_parallel_meshes(layout, device_type)
     everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("dp_sp",))
     world = everyone._unflatten(0, (layout.dp, layout.sp), ("dp", "sp"))
     if not layout.replicated:
@@ -86,6 +102,22 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     # The loss collectives get a group of their own, so the collective counter tells them from FSDP's all-reduce
     # over the replicas: under DDP that spans every rank and is the default group, as `everyone`'s is.
     return Meshes(world=world, fsdp=fsdp, everyone=everyone, loss_group=dist.new_group())
+
+
+def _tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
+    """(dp, sp, tp), tp innermost as in torchtitan's ParallelDims: rank = (dp_rank * sp + sp_rank) * tp + tp_rank.
+    FSDP shards over the data ranks (dp x sp, flattened), whose group is also the loss's; the tp ranks of one
+    group hold the same tokens, so no loss collective and no count spans them."""
+    full = init_device_mesh(device_type, (layout.dp, layout.sp, layout.tp), mesh_dim_names=("dp", "sp", "tp"))
+    data = full["dp", "sp"]._flatten("dp_sp")
+    return Meshes(
+        world=full["dp", "sp"],
+        fsdp=data,
+        everyone=full._flatten("all"),
+        loss_group=data.get_group(),
+        tp=full["tp"],
+        all_ranks=dist.group.WORLD,
+    )
 
 
 def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPolicy:
@@ -100,14 +132,17 @@ def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPol
 def parallelize(
     model: nn.Module, meshes: Meshes, fsdp_reduction: str = "mean", mp: MixedPrecisionConfig | None = None
 ) -> nn.Module:
-    """Ulysses attention when sp > 1; fully_shard per layer (`model.layers()`) and at the root on FSDP's mesh
-    (all W ranks, or HSDP's replicas of W / R shards).
+    """Tensor parallelism's plan when tp > 1 (`runner.model.tensor_parallel`); Ulysses attention when sp > 1;
+    fully_shard per layer (`model.layers()`) and at the root on FSDP's mesh
+    (all W ranks, HSDP's replicas of W / R shards, or the W / tp data ranks).
 
     `fsdp_reduction` "sum" turns FSDP's gradient mean over W into a true sum over W (`fsdp_sum`).
     With a bfloat16 `mp.reduce_dtype`, no mode reaches PREMUL_SUM (whose bf16
     path is the one a known PyTorch issue zeroes): the mean is FSDP's default
     ReduceOp.AVG (over the replicas too) and the sum is a forced plain SUM.
     """
+    if meshes.tp is not None:
+        apply_tensor_parallel(model, meshes.tp)
     if meshes.world["sp"].size() > 1:
         model.use_attention(UlyssesAttention(meshes.sp_group))
     policy = mixed_precision_policy(mp)

@@ -53,7 +53,7 @@ def rank_memory(cfg: DictConfig) -> list[tuple[float, str, list[str]]]:
     per_layer = 4 * d * d + 3 * d * ffn + 2 * d
     root = vocab * d * (1 if shape.tied else 2) + d
     params = layers * per_layer + root
-    shards, batch, seq = max(1, layout.fsdp_shards), cfg.train.global_batch, cfg.train.seq_len
+    shards, batch, seq = max(1, layout.fsdp_shards * layout.tp), cfg.train.global_batch, cfg.train.seq_len
     rows = max(1, batch // (layout.dp * layout.grad_accum))
     chunk = seq // layout.sp
     model_fields = [name for name, _ in shape.size_fields]

@@ -37,7 +37,7 @@ class RankParts:
 
     @property
     def group(self) -> dist.ProcessGroup:
-        """All W ranks: FSDP's group and the loss collectives'."""
+        """All W ranks (FSDP's group and the loss collectives' where tp = 1; the loss's: `meshes.loss_group`)."""
         return self.meshes.world_group
 
     @property
@@ -85,7 +85,8 @@ class RankParts:
             )
         # Only a mode with an all-reduce in its graph reads autograd_all_reduce (`runner.sweep.ignored`).
         all_reduce = cfg.autograd_all_reduce if has_graph_all_reduce(mode) else AutogradAllReduce.funcol
-        return LossReducer(mode, self.group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=all_reduce)
+        group = self.meshes.loss_group  # the data ranks: the tp ranks of a group hold the same tokens
+        return LossReducer(mode, group, cfg.grad_accum, sp=self.layout.sp, autograd_all_reduce=all_reduce)
 
     def graph_all_reduce(self) -> AutogradAllReduce | None:
         """The differentiable all-reduce in this run's graph: `sum`'s `autograd_all_reduce`, or the one a custom
@@ -110,8 +111,9 @@ class RankParts:
         facts = {"dropout": dropout_in(self.model)}
         implementation = self.graph_all_reduce()
         if implementation is not None:
-            expected = float(self.layout.world_size) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0
-            facts["all_reduce_backward"] = measured_backward(implementation, self.group, self.device, expected)
+            expected = float(self.layout.data_ranks) if ALL_REDUCE_BACKWARD[implementation] == "sum" else 1.0
+            group = self.meshes.loss_group
+            facts["all_reduce_backward"] = measured_backward(implementation, group, self.device, expected)
         if self.cfg.reduction is Reduction.custom:
             from runner.callables import local_sources, resolve_callable
             from runner.train.upstream import upstream_records

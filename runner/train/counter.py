@@ -12,7 +12,8 @@ the all-to-alls of sequence parallelism. Nothing is tallied by hand.
 - kind: the op's (all_reduce, all_gather, ...), or the name a caller gives
   the collectives of one process group (`group_kinds`): under HSDP, FSDP's
   all-reduce of the gradients over the replicas is `replica_all_reduce`, so
-  that `all_reduce` stays the loss's;
+  that `all_reduce` stays the loss's; a name with `{}` takes the op's kind
+  into it (tensor parallelism's `tp_{}`: `tp_all_gather`, `tp_reduce_scatter`, ...);
 - seconds: issue-to-completion latency, summed. c10d ops report completion
   through their Work's future (a Work without one, such as gloo's emulated
   reduce-scatter, has completed when its call returns); functional ones when
@@ -106,7 +107,8 @@ def _first_tensor(value) -> torch.Tensor | None:
 
 class CollectiveCounter(TorchDispatchMode):
     def __init__(self, group_kinds: Mapping[str, str] | None = None) -> None:
-        """`group_kinds`: {process group name: kind} for the collectives counted apart (`Meshes.group_kinds`)."""
+        """`group_kinds`: {process group name: kind, or a pattern like "tp_{}" for the op's kind} for the
+        collectives counted apart (`Meshes.group_kinds`)."""
         super().__init__()
         self._group_kinds = dict(group_kinds or {})
         self._lock = threading.Lock()
@@ -131,7 +133,7 @@ class CollectiveCounter(TorchDispatchMode):
                 self._finish_functional(args[0])
             return out
         if self._group_kinds:
-            kind = self._group_kinds.get(_group_name(func, args, kwargs), kind)
+            kind = self._group_kinds.get(_group_name(func, args, kwargs), kind).format(kind)
         issued = time.perf_counter()
         out = func(*args, **kwargs)
         with self._lock:

@@ -86,6 +86,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
         "dp": layout.dp,
         "dp_replicate": layout.dp_replicate,
         "sp": layout.sp,
+        "tp": layout.tp,
         "grad_accum": cfg.grad_accum,
         "layout": str(layout),
         "launcher": env.launcher,
