@@ -57,6 +57,8 @@ VERDICT_ID_COLUMNS = [
     "world_size",
     "sp",
     "grad_accum",
+    "tp",
+    "data_ranks",
     "status",
     "diverged_at",
     "baseline",

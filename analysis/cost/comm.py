@@ -55,6 +55,7 @@ COLUMNS = [
     "world_size",
     "sp",
     "grad_accum",
+    "tp",
     "status",
     "loss_all_reduce_calls",
     "own_loss_all_reduce_calls",
@@ -100,7 +101,7 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "total_comm_latency_ms": "comm_total_seconds",
     }
     logged, a = step_arrays(steps, runs["run"], [*fields.values(), "step_time_s", "peer_skew_s"])
-    out = runs[["group", "group_label", "reduction", "layout", "world_size", "sp", "grad_accum", "status"]].copy()
+    out = runs[["group", "group_label", "reduction", "layout", "world_size", "sp", "grad_accum", "tp", "status"]].copy()
     with warnings.catch_warnings():  # runs without a field (or without steps) give NaN, not a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         for column, source in fields.items():

@@ -2,8 +2,8 @@
 
 - sum, fsdp_sum, scaled: the gradient of the global token-mean loss, so
   identical or equivalent to the baseline (sum is the reference of its group).
-- local, detached: that gradient divided by W = world_size: rescaled by 1/W
-  (equivalent at W=1). Whether their loss curves still match is a finding, not
+- local, detached: that gradient divided by W, the ranks the loss is reduced
+  over (world_size / tp): rescaled by 1/W (equivalent at W=1). Whether their loss curves still match is a finding, not
   a requirement: it depends on the optimizer and clipping.
 - mean_of_means: a differently weighted gradient whenever the valid-token
   counts of the dp * grad_accum micro-batches vary, else equivalent. Decided
@@ -36,7 +36,7 @@ SAME = {"reference", "identical", "equivalent"}
 
 def token_counts_vary(runs: pd.DataFrame, steps: pd.DataFrame | None) -> tuple[pd.Series, pd.Series]:
     """(vary at step 1, vary at some step) per run, from the logged micro-batch token range (or the config)."""
-    micro_batches = runs["world_size"] / runs["sp"].fillna(1) * runs["grad_accum"]
+    micro_batches = runs["data_ranks"] / runs["sp"].fillna(1) * runs["grad_accum"]
     from_config = ~runs["data.packing"].astype(bool) & (micro_batches > 1)
     at_first, anywhere = from_config.copy(), from_config.copy()
     if steps is not None and {"micro_batch_tokens_min", "micro_batch_tokens_max"} <= set(steps.columns):
@@ -57,12 +57,12 @@ def expected_verdicts(
     gradient = runs["gradient"]  # the run's gradient against grad L, from its mode and all-reduce
     varies_at_first, varies_anywhere = token_counts_vary(runs, steps)
     reweighted = gradient == REWEIGHTED
-    rescaled_expected = (gradient == OVER_W) & (runs["world_size"] > 1)
+    rescaled_expected = (gradient == OVER_W) & (runs["data_ranks"] > 1)
     different_expected = reweighted & varies_at_first
     either_expected = reweighted & ~varies_at_first & varies_anywhere
 
     verdict = verdicts["verdict"]
-    factor_ok = (verdicts["factor"] * runs["world_size"] - 1).abs() <= tol.scale_rtol
+    factor_ok = (verdicts["factor"] * runs["data_ranks"] - 1).abs() <= tol.scale_rtol
     as_expected = np.select(
         [rescaled_expected, different_expected, either_expected],
         [(verdict == "rescaled") & factor_ok, verdict == "different", verdict.isin(SAME | {"different"})],
@@ -71,7 +71,7 @@ def expected_verdicts(
     out = pd.DataFrame(index=runs.index)
     out["expected"] = np.select(
         [rescaled_expected, different_expected, either_expected],
-        ["rescaled ×" + (1 / runs["world_size"]).map(factor_label), "different", "equivalent or different"],
+        ["rescaled ×" + (1 / runs["data_ranks"]).map(factor_label), "different", "equivalent or different"],
         default="equivalent",
     )
     out["as_expected"] = pd.array(as_expected, dtype="boolean")

@@ -60,6 +60,7 @@ REQUIRED_CONFIG = {
     "sp": np.nan,
     "grad_accum": np.nan,
     "dp_replicate": 1,  # HSDP replicas; a config written before the key ran one
+    "tp": 1,  # tensor-parallel ranks; likewise
     "data.packing": False,
     "optim.name": None,
     "optim.lr": np.nan,
@@ -259,7 +260,8 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs = pd.DataFrame([row for row, _ in loaded], columns=RUN_COLUMNS if not loaded else None)
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
-    runs["dp_replicate"] = runs["dp_replicate"].fillna(1)  # runs of older configs beside newer ones
+    for older in ("dp_replicate", "tp"):  # runs of older configs beside newer ones
+        runs[older] = runs[older].fillna(1)
     steps = _steps_frame(runs["run"].tolist(), [table for _, table in loaded])
     logged = steps.groupby("run", observed=True).size()
     not_finite = ~np.isfinite(steps["loss"].astype(float)) | ~np.isfinite(steps["grad_norm"].astype(float))

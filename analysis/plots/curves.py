@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis.gradients.groups import data_ranks  # noqa: E402
 from analysis.plots.figures import (  # noqa: E402
     REFERENCE,
     plotted_groups,
@@ -111,13 +112,14 @@ def identical_curves(values: np.ndarray, positions: list[int]) -> list[list[int]
     return clusters
 
 
-def reference_levels(curve: str, world_size: float) -> list[tuple[float, str]]:
-    """The levels a curve is read against, labelled: 1 (the baseline's) and 1/W (without the loss's all-reduce)
-    for the gradient scale k, 1 for the cosine."""
+def reference_levels(curve: str, data_ranks: float, tp: float = 1) -> list[tuple[float, str]]:
+    """The levels a curve is read against, labelled: 1 (the baseline's) and 1/W (without the loss's all-reduce;
+    W / tp, the data ranks, under tensor parallelism) for the gradient scale k, 1 for the cosine."""
     if curve == "sketch_scale":
         levels = [(1.0, "1 (the baseline's)")]
-        if np.isfinite(world_size) and world_size > 1:
-            levels.append((1.0 / world_size, f"1/W = 1/{world_size:g}"))
+        if np.isfinite(data_ranks) and data_ranks > 1:
+            over = "1/W" if not tp > 1 else "1/(W/tp)"
+            levels.append((1.0 / data_ranks, f"{over} = 1/{data_ranks:g}"))
         return levels
     if curve == "sketch_cos":
         return [(1.0, "1 (same direction)")]
@@ -166,7 +168,8 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     ]
     plotted = (ran & runs["group"].isin(plotted_groups(runs[ran])).to_numpy()) if ran.any() else ran
     members = (
-        runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction", "world_size"]]
+        runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]]
+        .assign(data_ranks=data_ranks(runs.loc[plotted]), tp=runs.loc[plotted].get("tp", 1))  # the 1/W line's W
         .astype(object)
         .reset_index(drop=True)
     )
@@ -287,7 +290,7 @@ def _draw_curves(
             )
         ax.relim()
         ax.autoscale(axis="y")  # the x axis is the steps' (`step_axis`)
-        for level, name in reference_levels(figure.curve, members["world_size"].iloc[0]):
+        for level, name in reference_levels(figure.curve, members["data_ranks"].iloc[0], members["tp"].iloc[0]):
             reference_line(ax, level, name)
         widen_to(ax, figure.min_span)
         ax.set_ylabel(figure.ylabel)

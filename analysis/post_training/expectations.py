@@ -45,7 +45,9 @@ def expected_change(row: pd.Series) -> float | str | None:
     stated = stated_layouts(row)
     if stated is None:
         return None
-    world, sp, grad_accum = int(row["world_size"]), int(row["sp"]), int(row["grad_accum"])
+    # world: the data ranks (world_size / tp), whose tokens differ; the tp ranks of a group share theirs
+    world = int(row["world_size"]) // int(row.get("tp", 1))
+    sp, grad_accum = int(row["sp"]), int(row["grad_accum"])
     if stated == "x 1/W":
         return 1.0 / world
     try:

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.gradients.expected import SAME
+from analysis.gradients.groups import data_ranks
 from analysis.load.sweeps import NOT_RUN
 from analysis.report.communication import calls_clause
 from analysis.report.cost import interleaved_clause
@@ -65,16 +66,16 @@ def _mode_sentence(mode: str, rows: pd.DataFrame) -> str:
     parts = []
     same = compared[compared["verdict"].isin(SAME)]
     if len(same):
-        worlds = ", ".join(f"W={w}" for w in sorted(same["world_size"].unique()))
+        worlds = ", ".join(f"W={w:g}" for w in sorted(data_ranks(same).unique()))
         parts.append(
             f"the baseline's gradient in {len(same)}/{len(compared)} runs ({worlds}; step-1 scale "
             f"{span(same['factor'], '.6f')}, max loss difference {span(same['loss_max_abs_diff'], '.2g')})"
         )
     rescaled = compared[compared["verdict"] == "rescaled"]
     if len(rescaled):
-        by_world = rescaled.groupby("world_size")["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
-        factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
-        is_one_over_w = np.allclose(rescaled["factor"] * rescaled["world_size"], 1, rtol=1e-3)
+        by_world = rescaled.groupby(data_ranks(rescaled))["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
+        factors = ", ".join(f"×{label} at W={w:g}" for w, label in by_world.items())
+        is_one_over_w = np.allclose(rescaled["factor"] * data_ranks(rescaled), 1, rtol=1e-3)
         several = rescaled["optimizer"].nunique() > 1
         curves = [
             _curve_clause(runs_of, optimizer if several else "") for optimizer, runs_of in rescaled.groupby("optimizer")
@@ -105,7 +106,7 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
     """The question's answer, stated only when the verdicts carry it."""
     # Over the runs that completed and were compared: a failed run says nothing about the math.
     compared = verdicts[~verdicts["verdict"].isin(["reference", "no reference", "failed", "not run"])]
-    multi = compared[compared["world_size"] > 1]
+    multi = compared[data_ranks(compared) > 1]
 
     def all_are(modes: list[str], test) -> bool:
         rows = multi[multi["reduction"].isin(modes)]
@@ -115,7 +116,7 @@ def _conclusion(verdicts: pd.DataFrame) -> str:
     over_w = [m for m in modes_where(gradient=OVER_W) if m in ran]
     correct = [m for m in modes_where(role="correct alternative") if m in ran]
     without = all_are(
-        over_w, lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * r["world_size"], 1, rtol=1e-3)
+        over_w, lambda r: (r["verdict"] == "rescaled") & np.isclose(r["factor"] * data_ranks(r), 1, rtol=1e-3)
     )
     alternatives = all_are(correct, lambda r: r["verdict"].isin(SAME))
     if not without:
@@ -169,9 +170,10 @@ def _gradient_phrase(rows: pd.DataFrame) -> str:
         return "a different gradient"
     if not (same | rescaled).all():
         return ""
-    over_w = np.isclose(rows["factor"] * rows["world_size"], 1, rtol=1e-3)
-    by_world = rows[rescaled].groupby("world_size")["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
-    factors = ", ".join(f"×{label} at W={w}" for w, label in by_world.items())
+    over_w = np.isclose(rows["factor"] * data_ranks(rows), 1, rtol=1e-3)
+    shown = rows[rescaled]
+    by_world = shown.groupby(data_ranks(shown))["factor_label"].agg(lambda s: "/".join(sorted(set(s))))
+    factors = ", ".join(f"×{label} at W={w:g}" for w, label in by_world.items())
     if over_w.all():  # equivalent at W=1, rescaled by 1/W elsewhere
         return f"the baseline's gradient divided by W ({factors})"
     if rescaled.all():
@@ -207,6 +209,16 @@ def headline(verdicts: pd.DataFrame, trainers: pd.DataFrame | None = None) -> st
     return "; ".join(clauses) + "." + (f" {trainers_answer(trainers)}" if with_trainers else "")
 
 
+def _tensor_parallel_note(runs: pd.DataFrame) -> str:
+    """What W counts where a run is tensor-parallel ("" where none is)."""
+    if not (runs.get("tp", pd.Series(1, index=runs.index)) > 1).any():
+        return ""
+    return (
+        " W below counts the data ranks, world_size / tp: the tp ranks of a tensor-parallel group hold the same "
+        "tokens, so the loss and its token count are reduced over the data ranks alone."
+    )
+
+
 def opening(
     runs: pd.DataFrame,
     verdicts: pd.DataFrame,
@@ -225,7 +237,8 @@ def opening(
         "",
         f"{count(len(runs), 'run')} in {count(runs['group'].nunique(), 'group')} ({(runs['status'] == 'completed').sum()} completed); "
         f"optimizer {optimizers or 'n/a'}; layouts {', '.join(sorted(ran['layout'].unique())) or 'n/a'}. "
-        "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`).",
+        "Each run is compared with its baseline (the world_size=1 `sum` run where the sweep has one, else its group's `sum`)."
+        + _tensor_parallel_note(runs),
         "",
     ]
     shown = verdicts["reduction"][~is_trainer(verdicts["reduction"])]  # a trainer has its own line (report/trainers.py)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.gradients.expected import SAME
+from analysis.gradients.groups import data_ranks
 from analysis.report.markdown import listed, span
 from runner.modes import label_order
 
@@ -42,19 +43,19 @@ def _names(labels) -> str:
 
 
 def _over_w(rows: pd.DataFrame, column: str = "factor") -> pd.Series:
-    return np.isclose(rows[column] * rows["world_size"], 1, rtol=1e-3)
+    return np.isclose(rows[column] * data_ranks(rows), 1, rtol=1e-3)
 
 
 def _by_world(rows: pd.DataFrame, column: str = "factor") -> str:
     """'×0.500000 at W=2, ×0.250000 at W=4' of a column, per world size."""
-    return ", ".join(f"×{span(r[column], '.6f')} at W={w:g}" for w, r in rows.groupby("world_size"))
+    return ", ".join(f"×{span(r[column], '.6f')} at W={w:g}" for w, r in rows.groupby(data_ranks(rows)))
 
 
 def _measured_backward(rows: pd.DataFrame, kind: str) -> pd.DataFrame:
     """The runs whose graph's all-reduce measured a SUM (W) or an identity (1) backward at W > 1."""
     factor = rows["backward_factor"]
-    target = rows["world_size"] if kind == "SUM" else 1.0
-    return rows[factor.notna() & np.isclose(factor, target) & (rows["world_size"] > 1)]
+    target = data_ranks(rows) if kind == "SUM" else 1.0
+    return rows[factor.notna() & np.isclose(factor, target) & (data_ranks(rows) > 1)]
 
 
 def _without_all_reduce(rows: pd.DataFrame) -> pd.Series:
@@ -78,7 +79,7 @@ def _point_local(compared: pd.DataFrame) -> str:
 
 
 def _point_all_reduce(compared: pd.DataFrame, table: pd.DataFrame) -> str:
-    multi = table[(table["world_size"] > 1) & ~table["verdict"].isin(["no reference", "failed", "not run"])]
+    multi = table[(data_ranks(table) > 1) & ~table["verdict"].isin(["no reference", "failed", "not run"])]
     sum_backward, identity = _measured_backward(multi, "SUM"), _measured_backward(multi, "identity")
     true = multi["verdict"].isin(["reference", *SAME])
     needs = sum_backward[true.reindex(sum_backward.index) & (sum_backward["fsdp_reduction"] == "mean")]
@@ -116,7 +117,7 @@ def _point_all_reduce(compared: pd.DataFrame, table: pd.DataFrame) -> str:
             )
         )
     wrong = sum_backward[(sum_backward["fsdp_reduction"] == "sum") & np.isclose(
-        sum_backward["factor"], sum_backward["world_size"], rtol=1e-3
+        sum_backward["factor"], data_ranks(sum_backward), rtol=1e-3
     )]  # fmt: skip
     if len(wrong):
         clauses.append(f"kept under FSDP SUM it gives W x grad L ({_names(wrong['reduction'])}: {_by_world(wrong)})")
@@ -168,7 +169,7 @@ def rfc_answer(table: pd.DataFrame, runs: pd.DataFrame) -> str:
     compared). `table` is the verdicts table, a row per run of `runs`."""
     table = table[table["run"].isin(runs.loc[answers_the_rfc(runs), "run"])]
     compared = table[
-        ~table["verdict"].isin(["reference", "no reference", "failed", "not run"]) & (table["world_size"] > 1)
+        ~table["verdict"].isin(["reference", "no reference", "failed", "not run"]) & (data_ranks(table) > 1)
     ]
     if compared.empty:
         return ""
