@@ -5,12 +5,11 @@ torchtitan's plan, the data split, LossReducer, forward_backward, the grad norm,
 The tp ranks of a group hold the same tokens, so each mode keeps the factor of grad L it has at tp = 1 with W
 replaced by the data ranks W / tp (tests/test_gradients.py's FACTOR), and the gradient at DP(d)-SP(s)-TP(t) is
 the one at DP(d)-SP(s) without tensor parallelism, mean_of_means included. Then the bug class the issue names:
-the token count, or the loss's all-reduce, taken over all W ranks instead of the data ranks.
+the token count, or the loss's all-reduce, taken over all W ranks instead of the data ranks. (What tp cannot
+split is refused before launch: tests/test_tp_rules.py.)
 """
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
@@ -22,13 +21,11 @@ from test_hsdp import CFG, _measured, assert_matches
 from test_hsdp import reference as reference  # the fixture: the whole global batch in one process
 from torch.distributed.tensor import DTensor
 
-from runner.config import config_with, ffn_width
 from runner.data.batches import local_micro_batches
 from runner.layout import ParallelLayout
 from runner.model.parallel import build_meshes, parallelize
 from runner.model.registry import build_model
 from runner.modes import BUILT_IN, Reduction, facts
-from runner.sweep.validate import config_problems
 from runner.train.counter import CollectiveCounter
 from runner.train.reduction import LossReducer, forward_backward, global_valid_tokens
 
@@ -197,57 +194,3 @@ def test_the_count_and_the_all_reduce_both_over_the_tp_ranks_cancel(wrong, refer
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     for name, ref_grad in ref_grads.items():
         torch.testing.assert_close(grads[name], ref_grad, msg=lambda m: f"{name}: {m}")
-
-
-# --- refused before launch ------------------------------------------------------------------------------
-
-
-def _split(value: int, parts: int) -> bool:
-    return value % parts == 0
-
-
-@pytest.mark.parametrize(
-    "world_size, sp, tp", [c for c in itertools.product((1, 2, 3, 4, 6, 8), (1, 2, 3), (1, 2, 3, 4)) if c[2] > 1]
-)
-def test_a_layout_with_tp_is_refused_exactly_when_a_split_is_uneven(world_size, sp, tp):
-    """Generated over W, sp and tp with the tiny model (4 heads, d_model 64, seq_len 128, global batch 16):
-    refused iff tp does not divide W, sp does not divide W / tp, the heads or the sequence do not split over
-    sp x tp, the global batch does not split over dp x grad_accum, or the vocabulary (256) or the feed-forward
-    width (192) does not split over tp; the field each rule names is refused."""
-    cfg = config_with({"world_size": world_size, "sp": sp, "tp": tp, "grad_accum": 1, "train.global_batch": 16})
-    fields = {field for field, _ in config_problems(cfg)}
-    heads, seq_len = cfg.model.n_heads, cfg.train.seq_len
-    expected = set() if _split(256, tp) and _split(ffn_width(cfg.model), tp) else {"tp"}
-    if not _split(world_size, tp):
-        expected.add("tp")
-    elif not _split(world_size // tp, sp):
-        expected.add("sp")
-    else:
-        if not _split(heads, sp * tp):
-            expected.add("sp")
-        if not _split(seq_len, sp * tp):
-            expected.add("train.seq_len")
-        if not _split(16, world_size // (sp * tp)):
-            expected.add("train.global_batch")
-    assert fields == expected, config_problems(cfg)
-
-
-@pytest.mark.parametrize(
-    "overrides, field, says",
-    [
-        ({"model.ffn_hidden": 75}, "tp", "the feed-forward width"),
-        ({"model.vocab_size": 257}, "tp", "model.vocab_size=257"),
-        ({"model.tie_embeddings": True}, "model.tie_embeddings", "column-parallel"),
-        ({"reduction": "custom", "custom.fn": "runner.trainers.megatron:per_token"}, "tp", "reduction=custom"),
-        ({"dp_replicate": 2, "world_size": 8}, "dp_replicate", "HSDP is not composed"),
-        ({"model.arch": "hf", "model.name": "hf_llama"}, "tp", "Hugging Face model"),
-    ],
-    ids=["ffn", "vocab", "tied", "custom", "hsdp", "hf"],
-)
-def test_what_tensor_parallelism_cannot_split_is_refused_naming_the_field(overrides, field, says):
-    """(The heads' rule, which also splits d_model = heads x head_dim, is the layout's: the test above.)"""
-    with_tp = config_with({"world_size": 4, "tp": 2, **overrides})
-    said = [message for f, message in config_problems(with_tp) if f == field]
-    assert any(says in message for message in said), config_problems(with_tp)
-    without = config_with({"tp": 1, **overrides})
-    assert not any(says in message for _, message in config_problems(without))
