@@ -314,6 +314,9 @@ class RunConfig:
     # Tensor parallelism of the own decoder over this many ranks, which hold the same tokens: dp = world_size /
     # (sp * tp), and the loss and N are reduced over the dp x sp data ranks (`runner.model.tensor_parallel`).
     tp: int = ranged(1, ge=1)
+    # With tp > 1: the loss on logits left sharded over the vocabulary (torch's `loss_parallel()`, torchtitan's
+    # default), instead of gathered on every tp rank.
+    loss_parallel: bool = False
     grad_accum: int = ranged(1, ge=1)
     seed: int = ranged(0, ge=0, lt=2**32)
     device: Device = Device.auto

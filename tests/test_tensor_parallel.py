@@ -46,9 +46,10 @@ def _micro_batches(cfg, layout: ParallelLayout, meshes):
     )
 
 
-def tp_step_one(world_size: int, layouts: list[tuple[int, int, int]]) -> dict:
+def tp_step_one(world_size: int, layouts: list[tuple[int, int, int]], loss_parallel: bool = False) -> dict:
     """On every rank, per (sp, tp, grad_accum, mode): step 1's (loss, reported, norm, sketch, grads, clip
-    coefficient, clipped grads), and for tp > 1 what the parameters are and which collectives ran."""
+    coefficient, clipped grads), and for tp > 1 what the parameters are and which collectives ran; with
+    `loss_parallel` the loss on the logits sharded over the vocabulary (torch's vocab-parallel cross entropy)."""
     cfg = run_config(**CFG)
     results = {}
     for sp, tp, grad_accum in layouts:
@@ -56,7 +57,8 @@ def tp_step_one(world_size: int, layouts: list[tuple[int, int, int]]) -> dict:
         meshes = build_meshes(layout, "cpu")
         micro_batches = _micro_batches(cfg, layout, meshes)
         for mode in ALL_MODES:
-            model = parallelize(build_model(cfg.model, cfg.seed), meshes, facts(mode).fsdp_reduction)
+            model = build_model(cfg.model, cfg.seed)
+            model = parallelize(model, meshes, facts(mode).fsdp_reduction, loss_parallel=loss_parallel)
             reducer = LossReducer(mode, meshes.loss_group, grad_accum, sp=sp)
             counter = CollectiveCounter(meshes.group_kinds())
             with counter:
@@ -99,19 +101,24 @@ def wrong_group(world_size: int) -> dict:
     return out
 
 
-def _worlds(world_size: int, layouts: list[tuple[int, int, int]]) -> dict:
+def _worlds(world_size: int, layouts: list[tuple[int, int, int]], loss_parallel: bool = False) -> dict:
     """One world per layout, as the runner builds one mesh per process: torch reuses the groups of an earlier
     mesh of the same shape for the DTensors of a later one, so a second mesh's collectives would be counted
     under the first mesh's group names."""
     results = {}
     for layout in layouts:
-        results.update(run_in_world(tp_step_one, world_size, world_size, [layout])[0])
+        results.update(run_in_world(tp_step_one, world_size, world_size, [layout], loss_parallel)[0])
     return results
 
 
 @pytest.fixture(scope="module")
 def world4() -> dict:
     return _worlds(4, W4_LAYOUTS)
+
+
+@pytest.fixture(scope="module")
+def world4_loss_parallel() -> dict:
+    return _worlds(4, W4_LAYOUTS, loss_parallel=True)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +156,25 @@ def test_tensor_parallelism_leaves_every_modes_gradient_as_without_it(world4, wo
     assert with_tp[2] == pytest.approx(without[2], rel=1e-5)  # the grad norm
     for name, grad in without[4].items():
         torch.testing.assert_close(with_tp[4][name], grad, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("layout", W4_LAYOUTS, ids=lambda s: str(ParallelLayout(4, s[0], s[2], tp=s[1])))
+@pytest.mark.parametrize("mode", ALL_MODES, ids=lambda m: m.value)
+def test_the_vocab_parallel_loss_gives_every_mode_the_gathered_logits_gradient(
+    world4, world4_loss_parallel, reference, mode, layout
+):
+    """loss_parallel: torch's cross entropy on the logits sharded over the vocabulary, never gathered: the same
+    loss, norm and gradient as on the gathered logits, and so each mode's factor of grad L."""
+    sp, tp, grad_accum = layout
+    parallel, gathered = world4_loss_parallel[sp, tp, grad_accum, mode], world4[sp, tp, grad_accum, mode]
+    assert parallel[:3] == pytest.approx(gathered[:3], rel=1e-6)  # L, what the mode reports, the grad norm
+    for name, grad in gathered[4].items():
+        torch.testing.assert_close(parallel[4][name], grad, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    if mode in FACTOR:
+        assert_matches(parallel, reference, FACTOR[mode](4 // tp), f"loss_parallel {mode.value}")
+    # The logits are never gathered: one all-gather fewer per micro-batch on the tp group.
+    calls = world4_loss_parallel["calls", sp, tp, grad_accum, mode]
+    assert calls["tp_all_gather"] == world4["calls", sp, tp, grad_accum, mode]["tp_all_gather"] - grad_accum
 
 
 @pytest.mark.parametrize("layout", W4_LAYOUTS, ids=lambda s: str(ParallelLayout(4, s[0], s[2], tp=s[1])))

@@ -130,7 +130,11 @@ def mixed_precision_policy(mp: MixedPrecisionConfig | None) -> MixedPrecisionPol
 
 
 def parallelize(
-    model: nn.Module, meshes: Meshes, fsdp_reduction: str = "mean", mp: MixedPrecisionConfig | None = None
+    model: nn.Module,
+    meshes: Meshes,
+    fsdp_reduction: str = "mean",
+    mp: MixedPrecisionConfig | None = None,
+    loss_parallel: bool = False,
 ) -> nn.Module:
     """Tensor parallelism's plan when tp > 1 (`runner.model.tensor_parallel`); Ulysses attention when sp > 1;
     fully_shard per layer (`model.layers()`) and at the root on FSDP's mesh
@@ -142,7 +146,7 @@ def parallelize(
     ReduceOp.AVG (over the replicas too) and the sum is a forced plain SUM.
     """
     if meshes.tp is not None:
-        apply_tensor_parallel(model, meshes.tp)
+        apply_tensor_parallel(model, meshes.tp, loss_parallel)
     if meshes.world["sp"].size() > 1:
         model.use_attention(UlyssesAttention(meshes.sp_group))
     policy = mixed_precision_policy(mp)

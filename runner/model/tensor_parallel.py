@@ -61,8 +61,9 @@ def _block_plan() -> dict:
     }
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
-    """The decoder's parameters as DTensors over `tp_mesh`, its logits gathered on every tp rank (in place)."""
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool = False) -> nn.Module:
+    """The decoder's parameters as DTensors over `tp_mesh` (in place): its logits gathered on every tp rank, or
+    with `loss_parallel` left sharded over the vocabulary (a DTensor, for torch's `loss_parallel()`)."""
     warnings.filterwarnings("ignore", message=_LOGITS_VIEW_WARNING, category=UserWarning)
     parallelize_module(
         model,
@@ -70,7 +71,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
         {
             "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
             "norm": SequenceParallel(),
-            "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            "head": ColwiseParallel(
+                input_layouts=Shard(1),
+                output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                use_local_output=not loss_parallel,
+            ),
         },
     )
     for block in model.blocks:

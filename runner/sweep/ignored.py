@@ -110,6 +110,11 @@ RULES = (
         lambda cfg: "objective=pg builds each row as a prompt and a response whose tokens are all its targets",
     ),
     Rule(
+        ("loss_parallel",),
+        lambda cfg: cfg.tp > 1,
+        lambda cfg: "tp=1 has no tensor-parallel logits to leave sharded (set tp > 1)",
+    ),
+    Rule(
         ("optim.beta1", "optim.beta2", "optim.eps"),
         lambda cfg: cfg.optim.name.value == "adamw",
         lambda cfg: f"optim={cfg.optim.name.value} has no Adam moments (optim=adamw reads them)",

@@ -153,6 +153,7 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
     batches = global_batches(cfg)
     custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
     fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
-    model = parallelize(build_model(cfg.model, cfg.seed).to(device), meshes, fsdp_reduction, cfg.mp)
+    model = build_model(cfg.model, cfg.seed).to(device)
+    model = parallelize(model, meshes, fsdp_reduction, cfg.mp, loss_parallel=cfg.loss_parallel)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)

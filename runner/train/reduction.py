@@ -47,12 +47,15 @@ print: L for all but `mean_of_means`, which reports
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from runner.data.batches import IGNORE_INDEX, Batch
 from runner.modes import AutogradAllReduce, Reduction
@@ -68,12 +71,25 @@ class StepLoss:
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """S_rm: summed (not averaged) token loss over the valid targets: cross-entropy, or with objective=pg each
-    target's A_i x cross-entropy = -A_i log p (`weights`, `runner.data.responses`)."""
+    target's A_i x cross-entropy = -A_i log p (`weights`, `runner.data.responses`).
+
+    Logits sharded over the vocabulary (a DTensor, `loss_parallel` under tp) give torch's vocab-parallel cross
+    entropy inside `vocab_parallel_loss`: its result is replicated on the tp ranks, so its local value is S_rm."""
     flat_logits, flat_labels = logits.flatten(0, 1).float(), labels.flatten()
     if weights is None:
-        return F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    losses = F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none")
+        return _local(F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="sum"))
+    losses = _local(F.cross_entropy(flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="none"))
     return (losses * weights.flatten().to(losses.device)).sum()
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def vocab_parallel_loss(logits: torch.Tensor) -> AbstractContextManager:
+    """torch's `loss_parallel()` for logits sharded over the vocabulary (its forward and backward both need it),
+    else nothing."""
+    return loss_parallel() if isinstance(logits, DTensor) else nullcontext()
 
 
 def global_valid_tokens(micro_batches: list[Batch], group: dist.ProcessGroup, device: torch.device) -> torch.Tensor:
@@ -173,6 +189,7 @@ def forward_backward(
     reducer.plan_step(micro_batches)
     for micro in micro_batches:
         logits = model(micro.inputs.to(device), position_offset=micro.position_offset)
-        reducer.micro_batch_loss(logits, micro.labels.to(device), micro).backward()
+        with vocab_parallel_loss(logits):
+            reducer.micro_batch_loss(logits, micro.labels.to(device), micro).backward()
     reducer.finish_gradients(model)
     return reducer.finish_step()
