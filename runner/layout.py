@@ -159,14 +159,6 @@ class ParallelLayout:
                     f"valid dp_replicate: {', '.join(map(str, divisors(self.dp)))}",
                 )
             )
-        if self.tp > 1 and self.replicated:
-            found.append(
-                (
-                    "dp_replicate",
-                    f"dp_replicate={self.dp_replicate} with tp={self.tp}: HSDP is not composed with tensor "
-                    "parallelism yet; use dp_replicate=1 (FSDP over dp x sp, tensor parallelism inside)",
-                )
-            )
         split = self.dp * self.grad_accum
         if global_batch % split:
             found.append(

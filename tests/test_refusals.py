@@ -63,7 +63,7 @@ REFUSALS = [
         ["the feed-forward width", "=90 cannot be split into tp=4 equal slices", "use a multiple of 4 (e.g. 92)"],
     ),
     (
-        "tp with a Hugging Face model, tied embeddings, HSDP or reduction=custom",
+        "tp with a Hugging Face model, tied embeddings or reduction=custom",
         ["model=hf_llama", "tp=2"],
         ["tp=2 is built for the runner's own decoder", "Hugging Face model: use tp=1"],
     ),

@@ -46,14 +46,16 @@ def _micro_batches(cfg, layout: ParallelLayout, meshes):
     )
 
 
-def tp_step_one(world_size: int, layouts: list[tuple[int, int, int]], loss_parallel: bool = False) -> dict:
+def tp_step_one(
+    world_size: int, layouts: list[tuple[int, int, int]], loss_parallel: bool = False, dp_replicate: int = 1
+) -> dict:
     """On every rank, per (sp, tp, grad_accum, mode): step 1's (loss, reported, norm, sketch, grads, clip
     coefficient, clipped grads), and for tp > 1 what the parameters are and which collectives ran; with
     `loss_parallel` the loss on the logits sharded over the vocabulary (torch's vocab-parallel cross entropy)."""
     cfg = run_config(**CFG)
     results = {}
     for sp, tp, grad_accum in layouts:
-        layout = ParallelLayout(world_size, sp, grad_accum, tp=tp)
+        layout = ParallelLayout(world_size, sp, grad_accum, dp_replicate=dp_replicate, tp=tp)
         meshes = build_meshes(layout, "cpu")
         micro_batches = _micro_batches(cfg, layout, meshes)
         for mode in ALL_MODES:
@@ -184,6 +186,18 @@ def test_tp_collectives_are_counted_apart_and_the_loss_ones_are_as_without_tp(wo
     calls, without = world4["calls", sp, tp, grad_accum, mode], world2["calls", sp, 1, grad_accum, mode]
     assert calls.get("all_reduce") == without.get("all_reduce"), (calls, without)  # N and the mode's own
     assert calls["tp_all_gather"] > 0 and calls["tp_reduce_scatter"] > 0
+
+
+@pytest.mark.slow
+def test_hsdp_with_tp_keeps_every_modes_factor_and_counts_the_replicas_apart(reference):
+    """DP(2x2)-SP(1)-TP(2) at W = 8: FSDP's 2-D (replicate, shard) mesh over the 4 data ranks, tp inside each."""
+    world = run_in_world(tp_step_one, 8, 8, [(1, 2, 1)], False, 2)[0]
+    assert world["meshes", 1, 2, 1]["mesh dims"] == [("replicate", "shard_sp", "tp")]
+    for mode in FACTOR:
+        assert_matches(world[1, 2, 1, mode], reference, FACTOR[mode](4), f"DP(2x2)-SP(1)-TP(2) {mode.value}")
+        calls = world["calls", 1, 2, 1, mode]
+        assert calls["replica_all_reduce"] > 0 and calls["tp_all_gather"] > 0
+        assert calls["all_reduce"] == (3 if mode is Reduction.sum else 2)  # N and the mode's own, GA 1
 
 
 @pytest.fixture(scope="module")

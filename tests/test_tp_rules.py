@@ -47,10 +47,9 @@ def test_a_layout_with_tp_is_refused_exactly_when_a_split_is_uneven(world_size, 
         ({"model.vocab_size": 257}, "tp", "model.vocab_size=257"),
         ({"model.tie_embeddings": True}, "model.tie_embeddings", "column-parallel"),
         ({"reduction": "custom", "custom.fn": "runner.trainers.megatron:per_token"}, "tp", "reduction=custom"),
-        ({"dp_replicate": 2, "world_size": 8}, "dp_replicate", "HSDP is not composed"),
         ({"model.arch": "hf", "model.name": "hf_llama"}, "tp", "Hugging Face model"),
     ],
-    ids=["ffn", "vocab", "tied", "custom", "hsdp", "hf"],
+    ids=["ffn", "vocab", "tied", "custom", "hf"],
 )
 def test_what_tensor_parallelism_cannot_split_is_refused_naming_the_field(overrides, field, says):
     """(The heads' rule, which also splits d_model = heads x head_dim, is the layout's: the test above.)"""

@@ -34,8 +34,8 @@ So every mode's gradient is the same multiple of grad L at any R.
 With tensor parallelism (tp = T > 1) the W ranks are a 3-D mesh (dp, sp, tp),
 tp innermost; `world` is its (dp, sp) view, FSDP shards over the flattened
 dp x sp data ranks, whose group is the loss's, and `tp` is each rank's
-tensor-parallel group (`runner.model.tensor_parallel`). HSDP with tp is refused
-before launch.
+tensor-parallel group (`runner.model.tensor_parallel`); under HSDP the mesh
+is (replicate, shard, sp, tp) and FSDP's is (replicate, shard x sp).
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ def _tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     """(dp, sp, tp), tp innermost as in torchtitan's ParallelDims: rank = (dp_rank * sp + sp_rank) * tp + tp_rank.
     FSDP shards over the data ranks (dp x sp, flattened), whose group is also the loss's; the tp ranks of one
     group hold the same tokens, so no loss collective and no count spans them."""
+    if layout.replicated:
+        return _hsdp_tensor_parallel_meshes(layout, device_type)
     full = init_device_mesh(device_type, (layout.dp, layout.sp, layout.tp), mesh_dim_names=("dp", "sp", "tp"))
     data = full["dp", "sp"]._flatten("dp_sp")
     return Meshes(
@@ -116,6 +118,26 @@ def _tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
         everyone=full._flatten("all"),
         loss_group=data.get_group(),
         tp=full["tp"],
+        all_ranks=dist.group.WORLD,
+    )
+
+
+def _hsdp_tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
+    """Views of all W ranks, as `build_meshes` unflattens them under HSDP: (dp, sp, tp) for the data split, tp
+    and the data ranks (the loss's group), (replicate, shard x sp, tp) for FSDP's 2-D mesh; rank =
+    ((replica * dp_shard + shard) * sp + sp_rank) * tp + tp_rank, torchtitan's order."""
+    everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("all",))
+    split = everyone._unflatten(0, (layout.dp, layout.sp, layout.tp), ("dp", "sp", "tp"))
+    sharding = everyone._unflatten(
+        0, (layout.dp_replicate, layout.fsdp_shards, layout.tp), ("replicate", "shard_sp", "tp")
+    )
+    data = everyone._unflatten(0, (layout.data_ranks, layout.tp), ("dp_sp", "tp"))["dp_sp"]
+    return Meshes(
+        world=split["dp", "sp"],
+        fsdp=sharding["replicate", "shard_sp"],
+        everyone=everyone,
+        loss_group=data.get_group(),
+        tp=split["tp"],
         all_ranks=dist.group.WORLD,
     )
 

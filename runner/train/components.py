@@ -154,6 +154,7 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
     custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
     fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = build_model(cfg.model, cfg.seed).to(device)
-    model = parallelize(model, meshes, fsdp_reduction, cfg.mp, loss_parallel=cfg.loss_parallel)
+    loss_parallel = cfg.tp > 1 and cfg.loss_parallel  # read with tp > 1 only (`runner.sweep.ignored`)
+    model = parallelize(model, meshes, fsdp_reduction, cfg.mp, loss_parallel=loss_parallel)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
     return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)
