@@ -138,6 +138,8 @@ def test_help_lists_the_modes_axes_experiments_and_examples(tmp_path):
         *(p.stem for p in (CONF / "experiment").glob("*.yaml")),
         "world_size",
         "grad_accum",
+        "tp (tensor parallelism",
+        "loss_parallel",
         "Examples",
     ]:
         assert word in done.stdout, word

@@ -16,15 +16,16 @@ QUESTION = "Does a mode take more or less time a step than `local`?"
 
 
 def _layout(first: pd.Series) -> str:
-    """The cost job's layout by its name (`runner.layout.ParallelLayout`: DP(2x2)-SP(1)-GA(1) under HSDP); a
-    config without dp_replicate reads as 1."""
-    replicas = first.get("dp_replicate", 1)
+    """The cost job's layout by its name (`runner.layout.ParallelLayout`: DP(2x2)-SP(1)-GA(1) under HSDP,
+    DP(2)-SP(1)-TP(2)-GA(2) under tensor parallelism); a config without dp_replicate or tp reads it as 1."""
+    replicas, tp = first.get("dp_replicate", 1), first.get("tp", 1)
     return str(
         ParallelLayout(
             int(first["world_size"]),
             int(first["sp"]),
             int(first["grad_accum"]),
             1 if pd.isna(replicas) else int(replicas),
+            tp=1 if pd.isna(tp) else int(tp),
         )
     )
 
