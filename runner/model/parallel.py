@@ -105,36 +105,21 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
 
 
 def _tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
-    """(dp, sp, tp), tp innermost as in torchtitan's ParallelDims: rank = (dp_rank * sp + sp_rank) * tp + tp_rank.
-    FSDP shards over the data ranks (dp x sp, flattened), whose group is also the loss's; the tp ranks of one
-    group hold the same tokens, so no loss collective and no count spans them."""
-    if layout.replicated:
-        return _hsdp_tensor_parallel_meshes(layout, device_type)
-    full = init_device_mesh(device_type, (layout.dp, layout.sp, layout.tp), mesh_dim_names=("dp", "sp", "tp"))
-    data = full["dp", "sp"]._flatten("dp_sp")
-    return Meshes(
-        world=full["dp", "sp"],
-        fsdp=data,
-        everyone=full._flatten("all"),
-        loss_group=data.get_group(),
-        tp=full["tp"],
-        all_ranks=dist.group.WORLD,
-    )
-
-
-def _hsdp_tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
-    """Views of all W ranks, as `build_meshes` unflattens them under HSDP: (dp, sp, tp) for the data split, tp
-    and the data ranks (the loss's group), (replicate, shard x sp, tp) for FSDP's 2-D mesh; rank =
-    ((replica * dp_shard + shard) * sp + sp_rank) * tp + tp_rank, torchtitan's order."""
+    """Views of all W ranks, as `build_meshes` unflattens them: (dp, sp, tp) for the data split and tp, the data
+    ranks (dp x sp: the loss's group, and FSDP's mesh), and under HSDP (replicate, shard x sp, tp) for FSDP's
+    2-D mesh. tp is innermost, as in torchtitan's ParallelDims: rank = (dp_rank * sp + sp_rank) * tp + tp_rank,
+    with dp_rank = replica * dp_shard + shard. The tp ranks of one group hold the same tokens, so no loss
+    collective and no count spans them."""
     everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("all",))
     split = everyone._unflatten(0, (layout.dp, layout.sp, layout.tp), ("dp", "sp", "tp"))
-    sharding = everyone._unflatten(
-        0, (layout.dp_replicate, layout.fsdp_shards, layout.tp), ("replicate", "shard_sp", "tp")
-    )
     data = everyone._unflatten(0, (layout.data_ranks, layout.tp), ("dp_sp", "tp"))["dp_sp"]
+    fsdp = data
+    if layout.replicated:
+        sizes = (layout.dp_replicate, layout.fsdp_shards, layout.tp)
+        fsdp = everyone._unflatten(0, sizes, ("replicate", "shard_sp", "tp"))["replicate", "shard_sp"]
     return Meshes(
         world=split["dp", "sp"],
-        fsdp=sharding["replicate", "shard_sp"],
+        fsdp=fsdp,
         everyone=everyone,
         loss_group=data.get_group(),
         tp=split["tp"],

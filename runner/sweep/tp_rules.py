@@ -2,9 +2,10 @@
 
 The plan (`runner.model.tensor_parallel`) is written for the runner's own decoder: its column- and
 row-parallel layers split the heads (so d_model), the feed-forward width and the vocabulary into tp equal
-slices (the heads and the sequence are the layout's rules, `runner.layout`). The tied head would be one parameter under two
-plans. The built-in modes are judged at tp > 1; a custom rule's collectives and counts are written against
-groups of all W ranks (`runner.train.custom_rule`), which tp would silently change, so it is refused.
+slices (the heads and the sequence are the layout's rules, `runner.layout`). The tied head would be one
+parameter under two plans. The built-in modes are judged at tp > 1; a custom rule's collectives and counts
+are written against groups of all W ranks (`runner.train.custom_rule`), which tp would silently change, so
+it is refused.
 """
 
 from __future__ import annotations
