@@ -67,3 +67,26 @@ def test_a_retired_server_that_still_runs_reports_its_ranks_ends_as_before(monke
         process.kill()
         process.wait()
     assert not server.reporting() and server.exit_code(ended_pid()) == 1
+
+
+def test_a_code_one_poller_got_is_not_lost_to_another_that_came_back_empty(monkeypatch):
+    """Rank 0's log echo and the launcher's loop poll the same rank from two threads. The server's report goes
+    to the first that asks; the other, still waiting for it, comes back with nothing. That must not erase the
+    code: once it did (CI of 55ecd21), the job ended with returncodes [None, 0] and "the ranks did not finish"
+    after the launcher's 5 s SIGTERM and 5 s SIGKILL waits on a rank that had completed."""
+    monkeypatch.setattr(forked, "_LOST_CODE_WAIT_S", 0.5)
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        server, pid = stand_in(process), ended_pid()
+        rank = forked.ForkedRank(server, pid)
+        waiting = threading.Thread(target=rank.poll)  # the echo: reaped, no report yet, so it waits for one
+        waiting.start()
+        threading.Event().wait(0.1)
+        with server._changed:  # the report arrives and the loop's poll takes it before the echo wakes
+            server._codes[pid] = 0
+            assert rank.poll() == 0
+        waiting.join()  # the echo's wait ends empty-handed (the report was taken)
+        assert rank.poll() == 0 and rank.returncode == 0
+    finally:
+        process.kill()
+        process.wait()

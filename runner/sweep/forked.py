@@ -38,8 +38,12 @@ class ForkedRank:
         self._server, self.pid, self.returncode = server, pid, None
 
     def poll(self) -> int | None:
+        """The exit code once known. The launcher's loop and rank 0's log echo both poll; the server's report is
+        handed to one of them, so a poll that comes back empty-handed never overwrites a code the other got."""
         if self.returncode is None:
-            self.returncode = self._server.exit_code(self.pid)
+            code = self._server.exit_code(self.pid)
+            if code is not None:
+                self.returncode = code
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
