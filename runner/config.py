@@ -83,6 +83,11 @@ class Evidence(str, Enum):
     constructed = "constructed"  # the state the report describes, built here: no upstream code ran it
 
 
+class PipelineSchedule(str, Enum):
+    gpipe = "gpipe"  # every micro-batch's forward, then every backward (torch's ScheduleGPipe)
+    one_f_one_b = "one_f_one_b"  # 1F1B: one forward, one backward in steady state (torch's Schedule1F1B)
+
+
 class Device(str, Enum):
     auto = "auto"  # CUDA with NCCL where present, else CPU with gloo
     cpu = "cpu"
@@ -317,6 +322,16 @@ class RunConfig:
     # With tp > 1: the loss on logits left sharded over the vocabulary (torch's `loss_parallel()`, torchtitan's
     # default), instead of gathered on every tp rank.
     loss_parallel: bool = False
+    # Pipeline parallelism of the own decoder over this many stages (torch.distributed.pipelining): dp =
+    # world_size / (sp * tp * pp); the loss is computed on the last stage, per pipeline micro-batch
+    # (`runner.model.pipeline_parallel`).
+    pp: int = ranged(1, ge=1)
+    pp_schedule: PipelineSchedule = PipelineSchedule.gpipe
+    # Pipeline micro-batches each gradient-accumulation micro-batch is split into; null: pp of them.
+    pp_microbatches: Optional[int] = ranged(None, ge=1)
+    # torch's `scale_grads`: divide the gradients by pp_microbatches after every schedule step (right for a
+    # per-micro-batch mean loss, wrong for the runner's sums over N: torchtitan #1733 under grad_accum).
+    pp_scale_grads: bool = False
     grad_accum: int = ranged(1, ge=1)
     seed: int = ranged(0, ge=0, lt=2**32)
     device: Device = Device.auto

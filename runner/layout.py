@@ -1,14 +1,16 @@
-"""The parallel layout of one job: how W ranks split into data, sequence and tensor parallelism.
+"""The parallel layout of one job: how W ranks split into data, sequence, tensor and pipeline parallelism.
 
 Built once from the config, validated before any process starts, and printed
-readably (`DP(2)-SP(2)-GA(4)`, `DP(2)-SP(1)-TP(2)-GA(1)`), which also names the
-run. W = dp * sp * tp ranks; Ulysses attention needs the heads and the
+readably (`DP(2)-SP(2)-GA(4)`, `DP(2)-SP(1)-TP(2)-GA(1)`, `DP(2)-SP(1)-PP(2)-GA(2)`),
+which also names the run. W = dp * sp * tp * pp ranks; Ulysses attention needs the heads and the
 sequence to split evenly over sp (and, inside tensor parallelism, over sp x tp).
 
 The tp ranks of one tensor-parallel group hold the same rows and columns of
 the batch and one copy of the loss: the data ranks (dp x sp = W / tp) are
 the ones whose token losses sum to L and whose valid tokens sum to N
-(`runner.model.tensor_parallel`).
+(`runner.model.tensor_parallel`). So do the pp stages of one pipeline: each
+holds some of the layers, and the last one the loss (`runner.model.pipeline_parallel`);
+the data ranks are dp x sp = W / (tp x pp).
 
 FSDP shards one copy of the model over W / dp_replicate ranks. With
 dp_replicate = R > 1 (HSDP) the dp ranks form R replicas, each sharded over
@@ -46,6 +48,7 @@ class ParallelLayout:
     grad_accum: int
     dp_replicate: int = 1  # R: replicas of the model among the dp ranks (HSDP; R = dp is DDP)
     tp: int = 1  # T: tensor-parallel ranks, which hold the same rows and columns of the batch
+    pp: int = 1  # P: pipeline stages, which hold the same rows and columns of the batch and different layers
 
     @classmethod
     def from_config(cls, cfg) -> ParallelLayout:
@@ -55,16 +58,18 @@ class ParallelLayout:
             grad_accum=cfg.grad_accum,
             dp_replicate=cfg.dp_replicate,
             tp=cfg.tp,
+            pp=cfg.pp,
         )
 
     @property
     def dp(self) -> int:
         """Data-parallel ranks: each takes its own rows of the batch (replicas and shards alike)."""
-        return self.world_size // (self.sp * self.tp)
+        return self.world_size // (self.sp * self.tp * self.pp)
 
     @property
     def data_ranks(self) -> int:
-        """dp x sp = W / tp: the ranks that hold distinct tokens, over which the loss is summed and N counted."""
+        """dp x sp = W / (tp x pp): the ranks that hold distinct tokens, over which the loss is summed and N
+        counted (on one stage: the last holds the loss)."""
         return self.dp * self.sp
 
     @property
@@ -82,6 +87,8 @@ class ParallelLayout:
         return self.dp_replicate > 1
 
     def _dp_formula(self) -> str:
+        if self.pp > 1:
+            return f"world_size / (sp x tp x pp) = {self.world_size} / ({self.sp} x {self.tp} x {self.pp})"
         if self.tp > 1:
             return f"world_size / (sp x tp) = {self.world_size} / ({self.sp} x {self.tp})"
         return f"world_size / sp = {self.world_size} / {self.sp}"
@@ -89,7 +96,8 @@ class ParallelLayout:
     def __str__(self) -> str:
         dp = f"{self.dp_replicate}x{self.dp_shard}" if self.replicated else f"{self.dp}"
         tp = f"-TP({self.tp})" if self.tp > 1 else ""
-        return f"DP({dp})-SP({self.sp}){tp}-GA({self.grad_accum})"
+        pp = f"-PP({self.pp})" if self.pp > 1 else ""
+        return f"DP({dp})-SP({self.sp}){tp}{pp}-GA({self.grad_accum})"
 
     def problems(
         self, *, global_batch: int, seq_len: int, n_heads: int | None, heads_field: str = "model.n_heads"
@@ -106,19 +114,33 @@ class ParallelLayout:
             ("grad_accum", self.grad_accum),
             ("dp_replicate", self.dp_replicate),
             ("tp", self.tp),
+            ("pp", self.pp),
         )
         for name, value in sizes:
             if value < 1:
                 found.append((name, f"{name}={value} must be >= 1"))
         if found:
             return found
+        if self.world_size % self.pp:
+            valid_pp = ", ".join(map(str, divisors(self.world_size)))
+            return [("pp", f"pp={self.pp} does not divide world_size={self.world_size}; valid pp: {valid_pp}")]
+        if self.pp > 1 and self.world_size % (self.tp * self.pp):
+            left = self.world_size // self.pp
+            valid_tp = ", ".join(map(str, divisors(left)))
+            return [
+                (
+                    "tp",
+                    f"tp={self.tp} does not divide world_size / pp = {self.world_size} / {self.pp} = {left}; "
+                    f"valid tp: {valid_tp}",
+                )
+            ]
         if self.world_size % self.tp:
             valid_tp = ", ".join(map(str, divisors(self.world_size)))
             return [("tp", f"tp={self.tp} does not divide world_size={self.world_size}; valid tp: {valid_tp}")]
         # The sp ranks split the ranks one tensor-parallel group leaves (W / tp); each tp rank holds
         # n_heads / tp heads, which Ulysses splits again over sp, and tp's sequence parallelism splits each sp
         # chunk over the tp ranks between the blocks (torchtitan's seq_len_divisor).
-        ranks, split = self.world_size // self.tp, self.sp * self.tp
+        ranks, split = self.world_size // (self.tp * self.pp), self.sp * self.tp
         # Suggest only degrees that pass every sp rule: they divide the ranks, the heads and the sequence.
         valid = (
             ", ".join(
@@ -128,9 +150,14 @@ class ParallelLayout:
             )
             or f"none at tp={self.tp}"
         )  # at tp = 1, sp = 1 always is
-        of_world = (
-            f"world_size / tp = {self.world_size} / {self.tp} = {ranks}" if self.tp > 1 else f"world_size={ranks}"
-        )
+        of_world = f"world_size={ranks}"
+        model_split = [(name, size) for name, size in (("tp", self.tp), ("pp", self.pp)) if size > 1]
+        if model_split:
+            names = " x ".join(name for name, _ in model_split)
+            sizes = " x ".join(str(size) for _, size in model_split)
+            if len(model_split) > 1:
+                names, sizes = f"({names})", f"({sizes})"
+            of_world = f"world_size / {names} = {self.world_size} / {sizes} = {ranks}"
         if ranks % self.sp:
             return [("sp", f"sp={self.sp} does not divide {of_world}; valid sp: {valid}")]
         over = f"sp x tp = {self.sp} x {self.tp} = {split}" if self.tp > 1 else f"sp={self.sp}"

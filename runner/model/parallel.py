@@ -36,6 +36,12 @@ tp innermost; `world` is its (dp, sp) view, FSDP shards over the flattened
 dp x sp data ranks, whose group is the loss's, and `tp` is each rank's
 tensor-parallel group (`runner.model.tensor_parallel`); under HSDP the mesh
 is (replicate, shard, sp, tp) and FSDP's is (replicate, shard x sp).
+
+With pipeline parallelism (pp = P > 1) a pp dim comes outermost, (pp, dp, sp,
+tp): each rank holds one stage (`runner.model.pipeline_parallel`), FSDP
+shards it over the data ranks of its stage, which are also the loss's group,
+and `pp` is each rank's pipeline (one rank per stage), over which the
+activations and their gradients are sent.
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ class Meshes:
     everyone: DeviceMesh  # 1-D, all W ranks
     loss_group: dist.ProcessGroup  # the data ranks (dp x sp): the loss collectives and N (all W at tp = 1)
     tp: DeviceMesh | None = None  # 1-D, this rank's tensor-parallel group; None at tp = 1
-    all_ranks: dist.ProcessGroup | None = None  # all W ranks where they are not the loss group (tp > 1)
+    pp: DeviceMesh | None = None  # 1-D, this rank's pipeline (one rank per stage); None at pp = 1
+    all_ranks: dist.ProcessGroup | None = None  # all W ranks where they are not the loss group (tp or pp > 1)
 
     @property
     def world_group(self) -> dist.ProcessGroup:
@@ -70,10 +77,13 @@ class Meshes:
 
     def group_kinds(self) -> dict[str, str]:
         """For the collective counter: FSDP's all-reduce over the replicas is `replica_all_reduce`, and tensor
-        parallelism's collectives are `tp_` and their op (`tp_all_gather`, ...), none of them the loss's."""
+        parallelism's collectives are `tp_` and their op (`tp_all_gather`, ...), pipeline parallelism's `pp_`
+        (`pp_send`, `pp_recv`, and the stages' loss and norm: `pp_all_reduce`), none of them the loss's."""
         kinds = {}
         if self.tp is not None:
             kinds[self.tp.get_group().group_name] = "tp_{}"
+        if self.pp is not None:
+            kinds[self.pp.get_group().group_name] = "pp_{}"
         if self.fsdp.ndim == 2:
             kinds[self.fsdp["replicate"].get_group().group_name] = "replica_all_reduce"
         return kinds
@@ -92,8 +102,8 @@ class Meshes:
 
 
 def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
-    if layout.tp > 1:
-        return _tensor_parallel_meshes(layout, device_type)
+    if layout.tp > 1 or layout.pp > 1:
+        return _model_parallel_meshes(layout, device_type)
     everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("dp_sp",))
     world = everyone._unflatten(0, (layout.dp, layout.sp), ("dp", "sp"))
     if not layout.replicated:
@@ -104,25 +114,33 @@ def build_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
     return Meshes(world=world, fsdp=fsdp, everyone=everyone, loss_group=dist.new_group())
 
 
-def _tensor_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
-    """Views of all W ranks, as `build_meshes` unflattens them: (dp, sp, tp) for the data split and tp, the data
-    ranks (dp x sp: the loss's group, and FSDP's mesh), and under HSDP (replicate, shard x sp, tp) for FSDP's
-    2-D mesh. tp is innermost, as in torchtitan's ParallelDims: rank = (dp_rank * sp + sp_rank) * tp + tp_rank,
-    with dp_rank = replica * dp_shard + shard. The tp ranks of one group hold the same tokens, so no loss
-    collective and no count spans them."""
+def _model_parallel_meshes(layout: ParallelLayout, device_type: str) -> Meshes:
+    """Views of all W ranks, as `build_meshes` unflattens them: (pp, dp, sp, tp) for the data split, the stages
+    and tp, the data ranks (dp x sp: the loss's group, and FSDP's mesh), and under HSDP (replicate, shard x sp)
+    for FSDP's 2-D mesh, each on this rank's stage. pp is outermost and tp innermost, as in torchtitan's
+    ParallelDims: rank = ((stage * dp + dp_rank) * sp + sp_rank) * tp + tp_rank, with dp_rank = replica *
+    dp_shard + shard (a dim of size 1 is left out). The tp ranks of one group, and the stages of one pipeline,
+    hold the same tokens, so no loss collective and no count spans them."""
     everyone = init_device_mesh(device_type, (layout.world_size,), mesh_dim_names=("all",))
-    split = everyone._unflatten(0, (layout.dp, layout.sp, layout.tp), ("dp", "sp", "tp"))
-    data = everyone._unflatten(0, (layout.data_ranks, layout.tp), ("dp_sp", "tp"))["dp_sp"]
+
+    def view(*dims: tuple[str, int]) -> DeviceMesh:
+        kept = [(name, size) for name, size in dims if size > 1 or name in ("dp", "sp", "dp_sp")]
+        return everyone._unflatten(0, tuple(size for _, size in kept), tuple(name for name, _ in kept))
+
+    stages, tp = ("pp", layout.pp), ("tp", layout.tp)
+    split = view(stages, ("dp", layout.dp), ("sp", layout.sp), tp)
+    data = view(stages, ("dp_sp", layout.data_ranks), tp)["dp_sp"]
     fsdp = data
     if layout.replicated:
-        sizes = (layout.dp_replicate, layout.fsdp_shards, layout.tp)
-        fsdp = everyone._unflatten(0, sizes, ("replicate", "shard_sp", "tp"))["replicate", "shard_sp"]
+        sizes = (("replicate", layout.dp_replicate), ("shard_sp", layout.fsdp_shards))
+        fsdp = view(stages, *sizes, tp)["replicate", "shard_sp"]
     return Meshes(
         world=split["dp", "sp"],
         fsdp=fsdp,
         everyone=everyone,
         loss_group=data.get_group(),
-        tp=split["tp"],
+        tp=split["tp"] if layout.tp > 1 else None,
+        pp=split["pp"] if layout.pp > 1 else None,
         all_ranks=dist.group.WORLD,
     )
 

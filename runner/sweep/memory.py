@@ -1,9 +1,10 @@
 """A rank's memory, estimated from the config before launch, so a config too big for the machine is refused
 with the fields that make it big instead of dying in a rank (out of memory, or the kernel's OOM killer).
 
-Per CPU rank of the runner's own decoder, in bytes (W ranks, dp x sp of them,
-S = W / dp_replicate of them sharing one copy of the model (W without HSDP),
-M micro-batches; P parameters; B = train.global_batch, T = train.seq_len):
+Per CPU rank of the runner's own decoder, in bytes (W ranks, dp x sp x tp x pp of them,
+S = (W / dp_replicate) of them sharing one copy of the model (W without HSDP; a tensor-parallel rank
+holds 1/tp of it and a pipeline stage 1/pp), M micro-batches; P parameters, L layers (a stage's
+-(-L // pp) of them); B = train.global_batch, T = train.seq_len):
 
     parameters   16 P / S          sharded fp32 weights, gradients and AdamW's two moments
                  + 4 P_layer + 4 P_root   one decoder layer and the root (embedding, head) unsharded in use
@@ -53,13 +54,16 @@ def rank_memory(cfg: DictConfig) -> list[tuple[float, str, list[str]]]:
     per_layer = 4 * d * d + 3 * d * ffn + 2 * d
     root = vocab * d * (1 if shape.tied else 2) + d
     params = layers * per_layer + root
-    shards, batch, seq = max(1, layout.fsdp_shards * layout.tp), cfg.train.global_batch, cfg.train.seq_len
+    # A pipeline stage holds about 1/pp of the model, and the activations of its own layers (the longest
+    # stage's: -(-layers // pp)) for all the pipeline micro-batches of one micro-batch (GPipe's worst case).
+    shards, batch, seq = max(1, layout.fsdp_shards * layout.tp * layout.pp), cfg.train.global_batch, cfg.train.seq_len
+    stage_layers = -(-layers // layout.pp)
     rows = max(1, batch // (layout.dp * layout.grad_accum))
     chunk = seq // layout.sp
     model_fields = [name for name, _ in shape.size_fields]
     sharding = ["dp_replicate"] if layout.replicated else []  # more replicas, bigger shards
     activations = (
-        rows * chunk * (12 * vocab + 4 * layers * (10 * d + 3 * ffn)) + 4 * rows * (heads // layout.sp) * seq**2
+        rows * chunk * (12 * vocab + 4 * stage_layers * (10 * d + 3 * ffn)) + 4 * rows * (heads // layout.sp) * seq**2
     )
     return [
         (

@@ -26,10 +26,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from runner.layout import ParallelLayout
 from runner.record import checkpoints
+
+# The optimizer's state keyed by parameter name, param_groups included: indexed by position, a pipeline's
+# stages would each save a param_groups[0] (of their own parameters) under one key, and one would be lost.
+# torchtitan passes the same option for the same reason (pytorch/torchtitan, torchtitan/components/
+# checkpoint.py lines 140-151 and optimizer.py line 144 at 018740b7aae7846d24954539244c78215dbd181f).
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _rank_file(folder: Path, rank: int) -> Path:
@@ -44,7 +50,7 @@ def save(model, optimizer, *, step: int, tokens: int, job_dir: Path, keep: int, 
         checkpoints.remove_partial(job_dir)  # an earlier attempt's, cut off
         partial.mkdir(parents=True)
     dist.barrier(group)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial), process_group=group)
     torch.save({"tokens": tokens}, _rank_file(partial, rank))
     dist.barrier(group)  # every rank's shards and rank file are on disk
@@ -99,10 +105,12 @@ def load(model, optimizer, *, folder: Path, group, layout: ParallelLayout) -> di
             f"checkpoint {folder} was saved at layout {meta.get('layout')}, this run is {layout}: a checkpoint "
             "resumes the run that saved it (another layout is another run)"
         )
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(folder), process_group=group)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_OPTIONS
+    )
     own = torch.load(_rank_file(folder, dist.get_rank(group)), weights_only=False)
     return {"step": meta["step"], "tokens": own["tokens"]}
 
@@ -112,7 +120,7 @@ def state_sha256(model, optimizer, group) -> str:
     order), so that two runs' final states compare bit for bit without writing them out (collective)."""
     import hashlib
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
     digest = hashlib.sha256()
     for name, value in sorted(_flat({"model": model_state, "optimizer": optimizer_state}).items()):
         digest.update(name.encode())

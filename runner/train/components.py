@@ -19,10 +19,13 @@ from runner.data.batches import Batch, GlobalBatches, load_documents, local_micr
 from runner.data.responses import ResponseBatches
 from runner.layout import ParallelLayout
 from runner.model.parallel import Meshes, parallelize
+from runner.model.pipeline_parallel import DecoderStage
 from runner.model.registry import build_model
 from runner.modes import ALL_REDUCE_BACKWARD, AutogradAllReduce, Reduction, fsdp_reduction_of, has_graph_all_reduce
+from runner.train.gradients import NormFn
 from runner.train.optim import build_optimizer, lr_at, set_lr
-from runner.train.reduction import LossReducer
+from runner.train.pipeline_step import PipelineStep
+from runner.train.reduction import LossReducer, StepLoss, forward_backward
 
 
 @dataclass
@@ -34,6 +37,21 @@ class RankParts:
     batches: GlobalBatches | ResponseBatches
     model: nn.Module  # sharded with FSDP2, its gradient reduction set for `cfg.reduction` (or `custom.fsdp_reduce`)
     optimizer: torch.optim.Optimizer
+    pipeline: PipelineStep | None = None  # pp > 1: `model` is this rank's stage, run by the pipeline's schedule
+
+    def forward_backward(self, micro_batches: list[Batch], reducer: LossReducer) -> StepLoss:
+        """One optimizer step's gradients on this rank, accumulated over its micro-batches."""
+        if self.pipeline is not None:
+            return self.pipeline.forward_backward(micro_batches, reducer)
+        return forward_backward(self.model, micro_batches, reducer, self.device)
+
+    def grad_norm(self, reducer: LossReducer) -> NormFn | None:
+        """The norm clipping uses: a trainer's own (a custom rule's hook), the norm over every pipeline stage,
+        or None: DTensor's over the data ranks."""
+        own = reducer.grad_norm()
+        if own is None and self.pipeline is not None:
+            return self.pipeline.grad_norm
+        return own
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -154,7 +172,10 @@ def build_parts(cfg: RunConfig, meshes: Meshes, device: torch.device) -> RankPar
     custom = cfg.reduction is Reduction.custom  # custom.* is read by a custom run only
     fsdp_reduction = fsdp_reduction_of(cfg.reduction, cfg.custom.fsdp_reduce.value if custom else "mean")
     model = build_model(cfg.model, cfg.seed).to(device)
+    if meshes.pp is not None:  # this rank's stage only, its parameters named as in the whole model
+        model = DecoderStage(model, meshes.pp.get_local_rank(), meshes.pp.size())
     loss_parallel = cfg.tp > 1 and cfg.loss_parallel  # read with tp > 1 only (`runner.sweep.ignored`)
     model = parallelize(model, meshes, fsdp_reduction, cfg.mp, loss_parallel=loss_parallel)
     optimizer = build_optimizer(model.parameters(), cfg.optim)
-    return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer)
+    pipeline = PipelineStep(model, meshes, cfg, device) if meshes.pp is not None else None
+    return RankParts(cfg, ParallelLayout.from_config(cfg), meshes, device, batches, model, optimizer, pipeline)

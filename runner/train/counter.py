@@ -60,6 +60,8 @@ _KIND_OF_OP = {
     "c10d::gather_": "gather",
     "c10d::scatter_": "scatter",
     "c10d::barrier": "barrier",
+    "c10d::send": "send",  # pipeline parallelism's activations and their gradients, stage to stage
+    "c10d::recv_": "recv",
 }
 # Schema names of the argument that holds this rank's contribution.
 _INPUT_ARGS = ("input_tensor", "input", "input_tensors", "inputs", "input_list", "tensors")

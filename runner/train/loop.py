@@ -35,7 +35,7 @@ from runner.train.gradients import GradientSketch
 from runner.train.meter import StepMeter, world_gather
 from runner.train.optim import optimizer_step
 from runner.train.outcome import TrainResult, divergence
-from runner.train.reduction import StepLoss, forward_backward
+from runner.train.reduction import StepLoss
 from runner.train.rng import seed_step
 from runner.train.stop_request import StopRequest
 
@@ -69,12 +69,12 @@ class Trainer:
         meter.start(step)
 
         with meter.phase("forward_backward"):
-            step_loss = forward_backward(parts.model, micro_batches, self.reducer, parts.device)
+            step_loss = parts.forward_backward(micro_batches, self.reducer)
         fault.after_backward(cfg.fault, parts.rank, step, parts.model)
         sketch = self.sketch.partial_sums() if self.sketch is not None else None  # measurement: not timed, not counted
         with meter.phase("optimizer"):
             grad_norm, clip_coef = optimizer_step(
-                parts.model, parts.optimizer, cfg.optim.clip, self.reducer.grad_norm()
+                parts.model, parts.optimizer, cfg.optim.clip, parts.grad_norm(self.reducer)
             )
 
         true_norm = self.reducer.check_grad_norm()  # a trainer's own norm held to the world's: not timed, not counted

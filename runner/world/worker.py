@@ -87,6 +87,7 @@ def run_rank(cfg: RunConfig, job_dir: Path, env, job: JobInfo, process_started: 
         "dp_replicate": layout.dp_replicate,
         "sp": layout.sp,
         "tp": layout.tp,
+        "pp": layout.pp,
         "grad_accum": cfg.grad_accum,
         "layout": str(layout),
         "launcher": env.launcher,
