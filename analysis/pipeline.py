@@ -58,6 +58,8 @@ VERDICT_ID_COLUMNS = [
     "sp",
     "grad_accum",
     "tp",
+    "pp",
+    "pp_schedule",
     "data_ranks",
     "status",
     "diverged_at",

@@ -47,7 +47,8 @@ from runner.modes import Reduction, facts
 
 WARMUP_STEPS = 5
 
-COLUMNS = [
+# Each run's own columns, as `analysis.gradients.groups.assign_groups` gives them: its group, mode and layout.
+ID_COLUMNS = [
     "group",
     "group_label",
     "reduction",
@@ -56,7 +57,12 @@ COLUMNS = [
     "sp",
     "grad_accum",
     "tp",
+    "pp",
+    "pp_schedule",
     "status",
+]
+COLUMNS = [
+    *ID_COLUMNS,
     "loss_all_reduce_calls",
     "own_loss_all_reduce_calls",
     "loss_all_reduce_bytes",
@@ -101,7 +107,7 @@ def comm_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         "total_comm_latency_ms": "comm_total_seconds",
     }
     logged, a = step_arrays(steps, runs["run"], [*fields.values(), "step_time_s", "peer_skew_s"])
-    out = runs[["group", "group_label", "reduction", "layout", "world_size", "sp", "grad_accum", "tp", "status"]].copy()
+    out = runs[ID_COLUMNS].copy()
     with warnings.catch_warnings():  # runs without a field (or without steps) give NaN, not a warning
         warnings.simplefilter("ignore", RuntimeWarning)
         for column, source in fields.items():

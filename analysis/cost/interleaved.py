@@ -44,7 +44,7 @@ LEVEL = 0.05  # family-wise, over the arms of one cost job (Holm)
 MIN_STEPS = 6  # below this the signed-rank test cannot reach the level at all
 
 COLUMNS = [
-    "job", "world_size", "sp", "grad_accum", "dp_replicate", "tp", "mode", "role", "steps", "local_ms", "ratio", "ci_low", "ci_high",
+    "job", "world_size", "sp", "grad_accum", "dp_replicate", "tp", "pp", "mode", "role", "steps", "local_ms", "ratio", "ci_low", "ci_high",
     "extra_ms", "extra_ci_low", "extra_ci_high", "p_value", "p_holm", "verdict", "predicted_extra_ms",
     "floor_explains", "extra_calls",
 ]  # fmt: skip
@@ -144,7 +144,7 @@ def cost_table(cost_jobs: pd.DataFrame, confidence: float = CONFIDENCE, level: f
         table = judge(table, level)
         for column in ("job", "world_size", "sp", "grad_accum"):
             table[column] = job[column]
-        for key in ("dp_replicate", "tp"):
+        for key in ("dp_replicate", "tp", "pp"):
             table[key] = job.get(key, 1)  # absent from configs written before the key
         tables.append(table)
     if not tables:

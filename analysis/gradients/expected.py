@@ -3,7 +3,7 @@
 - sum, fsdp_sum, scaled: the gradient of the global token-mean loss, so
   identical or equivalent to the baseline (sum is the reference of its group).
 - local, detached: that gradient divided by W, the ranks the loss is reduced
-  over (world_size / tp): rescaled by 1/W (equivalent at W=1). Whether their
+  over (world_size / (tp x pp)): rescaled by 1/W (equivalent at W=1). Whether their
   loss curves still match is a finding, not a requirement: it depends on the
   optimizer and clipping.
 - mean_of_means: a differently weighted gradient whenever the valid-token

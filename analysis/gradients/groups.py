@@ -12,7 +12,7 @@
   reference is its `sum` run: the one with funcol's SUM-backward all-reduce,
   the implementation checked against the single-process reference.
 - A family: runs identical except the reduction and the parallel layout
-  (`world_size`, `sp`, `grad_accum`, `dp_replicate`, `tp`). The global batch of every step is the
+  (`world_size`, `sp`, `grad_accum`, `dp_replicate`, `tp`, `pp`). The global batch of every step is the
   same for all of them (it is drawn from the seed and the step alone), so a completed `world_size=1`
   `sum` run of the family (the smallest grad_accum) is the ground truth for
   every layout: where one exists it is every run's baseline, else the group's
@@ -33,11 +33,11 @@ from runner.layout import ParallelLayout
 from runner.modes import MODE_KEYS
 from runner.trajectory import outside_trajectory
 
-LAYOUT = ["world_size", "sp", "grad_accum", "dp_replicate", "tp"]
+LAYOUT = ["world_size", "sp", "grad_accum", "dp_replicate", "tp", "pp"]
 
 
 def data_ranks(rows: pd.DataFrame) -> pd.Series:
-    """W of each row's factors: its data ranks (world_size / tp, `assign_groups`), or its world size in a table
+    """W of each row's factors: its data ranks (world_size / (tp x pp), `assign_groups`), or its world size in a table
     that predates them."""
     return rows["data_ranks"] if "data_ranks" in rows else rows["world_size"]
 
@@ -66,8 +66,8 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     runs["family"] = _key(runs, [c for c in config if c not in LAYOUT]).str.replace("g", "f", n=1)
     runs["layout"] = _layout_names(runs)
     # W of the modes' factors: the ranks the loss is reduced over (`runner.layout.ParallelLayout.data_ranks`);
-    # the tp ranks of a tensor-parallel group hold the same tokens.
-    runs["data_ranks"] = runs["world_size"] / runs["tp"]
+    # the tp ranks of a tensor-parallel group hold the same tokens, and so do the pp stages of a pipeline.
+    runs["data_ranks"] = runs["world_size"] / (runs["tp"] * runs["pp"])
     runs["optimizer"] = [
         f"{name} (lr {lr:g}, clip {clip:g})" if isinstance(name, str) else "unknown optimizer"
         for name, lr, clip in zip(runs["optim.name"], runs["optim.lr"], runs["optim.clip"])
@@ -102,12 +102,13 @@ def _label_columns(runs: pd.DataFrame, swept: list[str]) -> list[str]:
 
 def _layout_names(runs: pd.DataFrame) -> np.ndarray:
     """The layout's name per run, as the runner prints it (`runner.layout.ParallelLayout`: DP(2)-SP(1)-GA(2),
-    DP(2x2)-SP(1)-GA(2) for 2 replicas of 2 shards, DP(2)-SP(1)-TP(2)-GA(1)); "unknown layout" where its config could not be read."""
+    DP(2x2)-SP(1)-GA(2) for 2 replicas of 2 shards, DP(2)-SP(1)-TP(2)-GA(1), DP(2)-SP(1)-PP(2)-GA(2)); "unknown
+    layout" where its config could not be read."""
     known = runs[LAYOUT].notna().all(axis=1)
     sizes = runs[LAYOUT].where(known, 1).astype(int)
     names = [
-        str(ParallelLayout(world_size=w, sp=sp, grad_accum=m, dp_replicate=r, tp=t))
-        for w, sp, m, r, t in sizes[LAYOUT].itertuples(index=False)
+        str(ParallelLayout(world_size=w, sp=sp, grad_accum=m, dp_replicate=r, tp=t, pp=p))
+        for w, sp, m, r, t, p in sizes[LAYOUT].itertuples(index=False)
     ]
     return np.where(known, names, "unknown layout")
 

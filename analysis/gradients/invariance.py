@@ -2,10 +2,10 @@
 
 Every step's global batch is the same whatever the layout (it is drawn from
 the seed and the step alone), so a mode that computes the gradient of the global token-mean loss gives
-the same curve for every world_size, sp, grad_accum and dp_replicate, up to float rounding.
+the same curve for every world_size, sp, grad_accum, dp_replicate, tp and pp, up to float rounding.
 For each mode and axis, each run is compared with the run of the same family
 and mode that differs from it only in that axis, at the axis's smallest value
-(world_size=1, sp=1, grad_accum=1, dp_replicate=1 where they ran).
+(world_size=1, sp=1, grad_accum=1, dp_replicate=1, tp=1, pp=1 where they ran).
 """
 
 from __future__ import annotations

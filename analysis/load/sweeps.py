@@ -61,11 +61,18 @@ REQUIRED_CONFIG = {
     "grad_accum": np.nan,
     "dp_replicate": 1,  # HSDP replicas; a config written before the key ran one
     "tp": 1,  # tensor-parallel ranks; likewise
+    "pp": 1,  # pipeline stages; likewise
+    "pp_schedule": "gpipe",  # the schema's default: a config without pp ran no pipeline
     "data.packing": False,
     "optim.name": None,
     "optim.lr": np.nan,
     "optim.clip": np.nan,
 }
+
+# What a config written before a key ran, filled in where runs of such configs lie beside newer ones: the layout's
+# sizes (whole numbers, as the newer configs hold them) and the pipeline's settings, so that an older run keeps
+# its group and family (`analysis.gradients.groups`) with the newer runs of its config.
+OLDER_CONFIG = {"dp_replicate": 1, "tp": 1, "pp": 1, "pp_schedule": "gpipe", "pp_scale_grads": False}
 
 
 @dataclass
@@ -260,8 +267,10 @@ def load_sweeps(sweeps: list[Path]) -> Sweeps:
     runs = pd.DataFrame([row for row, _ in loaded], columns=RUN_COLUMNS if not loaded else None)
     for column, missing in REQUIRED_CONFIG.items():
         runs[column] = runs[column] if column in runs else missing
-    for older in ("dp_replicate", "tp"):  # runs of older configs beside newer ones
-        runs[older] = runs[older].fillna(1)
+    for older, missing in OLDER_CONFIG.items():  # runs of older configs beside newer ones
+        if older in runs:
+            runs[older] = runs[older].fillna(missing)
+            runs[older] = runs[older].astype(int) if type(missing) is int else runs[older]
     steps = _steps_frame(runs["run"].tolist(), [table for _, table in loaded])
     logged = steps.groupby("run", observed=True).size()
     not_finite = ~np.isfinite(steps["loss"].astype(float)) | ~np.isfinite(steps["grad_norm"].astype(float))

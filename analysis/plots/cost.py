@@ -92,8 +92,9 @@ def interleaved_cost(cost: pd.DataFrame, out: Path) -> Path:
         style_axes(ax)
         ax.set_xticks(range(len(modes)), modes, rotation=20, ha="right", fontsize=8)
         layout = f"W={rows['world_size'].iloc[0]}, sp={rows['sp'].iloc[0]}, GA={rows['grad_accum'].iloc[0]}"
-        tp = rows["tp"].iloc[0] if "tp" in rows else 1
-        layout += f", tp={tp}" if tp > 1 else ""
+        for axis in ("tp", "pp"):  # absent from (or NaN in) the tables of configs written before the key
+            size = rows[axis].iloc[0] if axis in rows else 1
+            layout += f", {axis}={size:g}" if size > 1 else ""
         ax.set_title(f"{layout}: {int(rows['steps'].iloc[0])} paired steps", fontsize=9)
     axes[0][0].set_ylabel("fwd+bwd time / local's\n(95% CI, exact test)")
     fig.suptitle(

@@ -112,13 +112,15 @@ def identical_curves(values: np.ndarray, positions: list[int]) -> list[list[int]
     return clusters
 
 
-def reference_levels(curve: str, data_ranks: float, tp: float = 1) -> list[tuple[float, str]]:
+def reference_levels(curve: str, data_ranks: float, tp: float = 1, pp: float = 1) -> list[tuple[float, str]]:
     """The levels a curve is read against, labelled: 1 (the baseline's) and 1/W (without the loss's all-reduce;
-    W / tp, the data ranks, under tensor parallelism) for the gradient scale k, 1 for the cosine."""
+    W / tp, W / pp or W / (tp x pp), the data ranks, under tensor or pipeline parallelism) for the gradient scale
+    k, 1 for the cosine."""
     if curve == "sketch_scale":
         levels = [(1.0, "1 (the baseline's)")]
         if np.isfinite(data_ranks) and data_ranks > 1:
-            over = "1/W" if not tp > 1 else "1/(W/tp)"
+            split = [axis for axis, size in (("tp", tp), ("pp", pp)) if size > 1]
+            over = "1/W" if not split else f"1/(W/{split[0]})" if len(split) == 1 else "1/(W/(tp x pp))"
             levels.append((1.0 / data_ranks, f"{over} = 1/{data_ranks:g}"))
         return levels
     if curve == "sketch_cos":
@@ -169,7 +171,11 @@ def curve_figure_jobs(runs: pd.DataFrame, curves: dict[str, np.ndarray], out: Pa
     plotted = (ran & runs["group"].isin(plotted_groups(runs[ran])).to_numpy()) if ran.any() else ran
     members = (
         runs.loc[plotted, ["group", "group_label", "run", "baseline", "reduction"]]
-        .assign(data_ranks=data_ranks(runs.loc[plotted]), tp=runs.loc[plotted].get("tp", 1))  # the 1/W line's W
+        .assign(  # the 1/W line's W
+            data_ranks=data_ranks(runs.loc[plotted]),
+            tp=runs.loc[plotted].get("tp", 1),
+            pp=runs.loc[plotted].get("pp", 1),
+        )
         .astype(object)
         .reset_index(drop=True)
     )
@@ -290,7 +296,8 @@ def _draw_curves(
             )
         ax.relim()
         ax.autoscale(axis="y")  # the x axis is the steps' (`step_axis`)
-        for level, name in reference_levels(figure.curve, members["data_ranks"].iloc[0], members["tp"].iloc[0]):
+        first = members.iloc[0]
+        for level, name in reference_levels(figure.curve, first["data_ranks"], first["tp"], first["pp"]):
             reference_line(ax, level, name)
         widen_to(ax, figure.min_span)
         ax.set_ylabel(figure.ylabel)

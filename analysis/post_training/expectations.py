@@ -39,14 +39,21 @@ def stated_layouts(row: pd.Series) -> str | None:
     return expect if isinstance(expect, str) else None
 
 
+def _size(row: pd.Series, axis: str) -> int:
+    """The row's tp or pp: 1 where its config predates the key (absent, or NaN beside newer runs)."""
+    size = row.get(axis, 1)
+    return 1 if pd.isna(size) else int(size)
+
+
 def expected_change(row: pd.Series) -> float | str | None:
     """What the run's gradient should be against the same mode at W=1 grad_accum=1: a factor k (1.0: the
     same), "different", EITHER, or None (not stated, or not readable)."""
     stated = stated_layouts(row)
     if stated is None:
         return None
-    # world: the data ranks (world_size / tp), whose tokens differ; the tp ranks of a group share theirs
-    world = int(row["world_size"]) // int(row.get("tp", 1))
+    # world: the data ranks (world_size / (tp x pp)), whose tokens differ; the tp ranks of a group and the pp
+    # stages of a pipeline share theirs (a row without tp or pp: a config written before the key, 1)
+    world = int(row["world_size"]) // (_size(row, "tp") * _size(row, "pp"))
     sp, grad_accum = int(row["sp"]), int(row["grad_accum"])
     if stated == "x 1/W":
         return 1.0 / world

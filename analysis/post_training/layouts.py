@@ -131,7 +131,7 @@ def layout_table(runs: pd.DataFrame, steps: pd.DataFrame, tol: Tolerances) -> pd
     out = pd.DataFrame({"run": pg["run"], "family": pg["family"], "reduction": pg["reduction"]})
     out["name"] = display_name(pg)
     out["layout"] = pg["layout"]
-    out["dp"] = (pg["world_size"] // (pg["sp"] * pg["tp"])).astype(int)
+    out["dp"] = (pg["world_size"] // (pg["sp"] * pg["tp"] * pg["pp"])).astype(int)
     out["sp"], out["grad_accum"] = pg["sp"].astype(int), pg["grad_accum"].astype(int)
     out["axes"] = [_axes(*sizes) for sizes in zip(out["dp"], out["sp"], out["grad_accum"])]
     out["status"], out["baseline"] = pg["status"], versus["baseline"]

@@ -210,12 +210,24 @@ def headline(verdicts: pd.DataFrame, trainers: pd.DataFrame | None = None) -> st
 
 
 def _tensor_parallel_note(runs: pd.DataFrame) -> str:
-    """What W counts where a run is tensor-parallel ("" where none is)."""
-    if not (runs.get("tp", pd.Series(1, index=runs.index)) > 1).any():
-        return ""
+    """What W counts where a run is tensor- or pipeline-parallel ("" where none is)."""
+    tensor = (runs.get("tp", pd.Series(1, index=runs.index)) > 1).any()
+    pipeline = (runs.get("pp", pd.Series(1, index=runs.index)) > 1).any()
+    if not pipeline:
+        if not tensor:
+            return ""
+        return (
+            " W below counts the data ranks, world_size / tp: the tp ranks of a tensor-parallel group hold the same "
+            "tokens, so the loss and its token count are reduced over the data ranks alone."
+        )
+    holders = (
+        "the tp ranks of a tensor-parallel group and the pp stages of a pipeline"
+        if tensor
+        else "the pp stages of a pipeline"
+    )
     return (
-        " W below counts the data ranks, world_size / tp: the tp ranks of a tensor-parallel group hold the same "
-        "tokens, so the loss and its token count are reduced over the data ranks alone."
+        f" W below counts the data ranks, world_size / (tp x pp): {holders} hold the same tokens (the last stage "
+        "the loss), so the loss and its token count are reduced over the data ranks alone."
     )
 
 

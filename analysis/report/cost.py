@@ -17,8 +17,9 @@ QUESTION = "Does a mode take more or less time a step than `local`?"
 
 def _layout(first: pd.Series) -> str:
     """The cost job's layout by its name (`runner.layout.ParallelLayout`: DP(2x2)-SP(1)-GA(1) under HSDP,
-    DP(2)-SP(1)-TP(2)-GA(2) under tensor parallelism); a config without dp_replicate or tp reads it as 1."""
-    replicas, tp = first.get("dp_replicate", 1), first.get("tp", 1)
+    DP(2)-SP(1)-TP(2)-GA(2) under tensor parallelism, DP(2)-SP(1)-PP(2)-GA(2) under pipeline parallelism); a
+    config without dp_replicate, tp or pp reads it as 1."""
+    replicas, tp, pp = first.get("dp_replicate", 1), first.get("tp", 1), first.get("pp", 1)
     return str(
         ParallelLayout(
             int(first["world_size"]),
@@ -26,6 +27,7 @@ def _layout(first: pd.Series) -> str:
             int(first["grad_accum"]),
             1 if pd.isna(replicas) else int(replicas),
             tp=1 if pd.isna(tp) else int(tp),
+            pp=1 if pd.isna(pp) else int(pp),
         )
     )
 
@@ -44,7 +46,12 @@ def cost_answer(job: pd.DataFrame) -> str:
         return f"{QUESTION} Not asked: only the null control was measured {where} (it holds)."
     resolved = modes[modes["verdict"] == "resolved"]
     bounded = modes[modes["verdict"] != "resolved"]
-    bounds = listed([f"`{row['mode']}` {row['extra_ci_high']:+.2f} ms" for _, row in bounded.iterrows()])
+    # Every mode resolved: no bounds to state (`listed` of none has no words).
+    bounds = (
+        listed([f"`{row['mode']}` {row['extra_ci_high']:+.2f} ms" for _, row in bounded.iterrows()])
+        if len(bounded)
+        else ""
+    )
     if resolved.empty:
         return f"{QUESTION} Not that this measurement can tell {where}: at most {bounds} a step."
     costs = listed(
