@@ -12,7 +12,8 @@
   reference is its `sum` run: the one with funcol's SUM-backward all-reduce,
   the implementation checked against the single-process reference.
 - A family: runs identical except the reduction and the parallel layout
-  (`world_size`, `sp`, `grad_accum`, `dp_replicate`, `tp`, `pp`). The global batch of every step is the
+  (`world_size`, `sp`, `grad_accum`, `dp_replicate`, `tp`, `pp`, and how the step is computed there:
+  `pp_schedule`, `pp_microbatches`, `loss_parallel`). The global batch of every step is the
   same for all of them (it is drawn from the seed and the step alone), so a completed `world_size=1`
   `sum` run of the family (the smallest grad_accum) is the ground truth for
   every layout: where one exists it is every run's baseline, else the group's
@@ -34,6 +35,10 @@ from runner.modes import MODE_KEYS
 from runner.trajectory import outside_trajectory
 
 LAYOUT = ["world_size", "sp", "grad_accum", "dp_replicate", "tp", "pp"]
+# How a layout computes the step, not what its gradient should be: runs that differ in these alone are one
+# family (one world_size=1 ground truth), in groups of their own. None is read at the world_size=1 run's
+# tp = pp = 1, whose config keeps the defaults.
+HOW_COMPUTED = ["pp_schedule", "pp_microbatches", "loss_parallel"]
 
 
 def data_ranks(rows: pd.DataFrame) -> pd.Series:
@@ -63,7 +68,7 @@ def assign_groups(runs: pd.DataFrame) -> pd.DataFrame:
     # What tells groups apart besides the layout: the other swept values (`optim.name=sgd`).
     swept = [c for c in varying_columns(runs) if not c.startswith(MODE_KEYS) and c not in LAYOUT]
     runs["group"] = _key(runs, config)
-    runs["family"] = _key(runs, [c for c in config if c not in LAYOUT]).str.replace("g", "f", n=1)
+    runs["family"] = _key(runs, [c for c in config if c not in LAYOUT + HOW_COMPUTED]).str.replace("g", "f", n=1)
     runs["layout"] = _layout_names(runs)
     # W of the modes' factors: the ranks the loss is reduced over (`runner.layout.ParallelLayout.data_ranks`);
     # the tp ranks of a tensor-parallel group hold the same tokens, and so do the pp stages of a pipeline.
