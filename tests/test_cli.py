@@ -140,6 +140,7 @@ def test_help_lists_the_modes_axes_experiments_and_examples(tmp_path):
         "grad_accum",
         "tp (tensor parallelism",
         "loss_parallel",
+        "pp (pipeline stages",
         "Examples",
     ]:
         assert word in done.stdout, word
