@@ -72,9 +72,11 @@ def test_the_report_says_what_w_counts_under_pipeline_parallelism(analysed):
 def test_pp_sends_are_counted_apart_from_the_loss_all_reduces(analysed):
     out, _ = analysed
     rows = {(row["reduction"], row["pp_schedule"]): row for row in _rows(out / "comm.csv")}
-    # On rank 0 (stage 0): N and local's logged loss; sum's loss all-reduces run on the last stage only.
-    assert float(rows["local", "gpipe"]["loss_all_reduce_calls"]) == 2
-    assert float(rows["sum", "gpipe"]["loss_all_reduce_calls"]) == 1
+    # The last stage's, where the loss is: N and local's logged loss; sum's forward and backward per pipeline
+    # micro-batch (K = 2) of each micro-batch (GA 2), K times as many as without pp.
+    for schedule in ("gpipe", "one_f_one_b"):
+        assert float(rows["local", schedule]["loss_all_reduce_calls"]) == 2
+        assert float(rows["sum", schedule]["loss_all_reduce_calls"]) == 1 + 2 * 2 * 2
     folder = next((out.parent / "pp").glob("*pp_schedule=gpipe,reduction=local*"))
     summary = json.loads((folder / "summary.json").read_text())
     assert (summary["pp"], summary["dp"], summary["layout"]) == (2, 2, PP_LAYOUT)

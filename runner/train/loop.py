@@ -95,6 +95,9 @@ class Trainer:
         # over the replicas, counted as replica_all_reduce), Ulysses moves activations with all-to-alls: every
         # all_reduce of forward/backward is the loss's (N and the mode's own).
         counted = meter.comm if meter.counting else None  # sampled steps only: calls and bytes are the same every step
+        loss_comm = counted["forward_backward"].get("all_reduce", NO_COMM) if counted else None
+        if counted and self.parts.pipeline is not None:  # the loss's all-reduces run on the last stage
+            loss_comm = self.parts.pipeline.last_stage_counts(loss_comm)
         return {
             "step": step,
             "dp": layout.dp,
@@ -113,7 +116,7 @@ class Trainer:
             "peer_skew_s": None,
             "tokens_per_s": None,
             "comm": add_counts(*counted.values()) if counted else None,
-            "loss_comm": counted["forward_backward"].get("all_reduce", NO_COMM) if counted else None,
+            "loss_comm": loss_comm,
             "grad_sketch": None,
         }
 

@@ -80,6 +80,16 @@ class PipelineStep:
         loss, reported = values.tolist()
         return StepLoss(loss=loss, reported=reported, valid_tokens=step.valid_tokens)
 
+    def last_stage_counts(self, counts: dict) -> dict:
+        """The last stage's {calls, bytes, seconds} of a collective kind, on every stage (one all-reduce over
+        the pipeline, outside the counted phases): the loss's all-reduces run there, and rank 0 logs them."""
+        keys = ("calls", "bytes", "seconds")
+        own = [float(counts.get(key, 0)) for key in keys] if self.last else [0.0, 0.0, 0.0]
+        values = torch.tensor(own, dtype=torch.float64)
+        dist.all_reduce(values, group=self.group)
+        calls, size, seconds = values.tolist()
+        return {"calls": int(calls), "bytes": int(size), "seconds": seconds}
+
     def grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
         """The whole model's L2 norm from this stage's gradients: sqrt of the stages' squared norms summed."""
         own = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
