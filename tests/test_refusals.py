@@ -67,6 +67,21 @@ REFUSALS = [
         ["model=hf_llama", "tp=2"],
         ["tp=2 is built for the runner's own decoder", "Hugging Face model: use tp=1"],
     ),
+    (
+        "pp not dividing world_size, or more stages than layers",
+        ["pp=3", "world_size=4"],
+        ["pp=3 does not divide world_size=4; valid pp: 1, 2, 4", "pp=3 stages need at least one layer each"],
+    ),
+    (
+        "pp with sp, tp, a Hugging Face model, tied embeddings, reduction=custom, objective=pg or cost.modes",
+        ["pp=2", "world_size=4", "sp=2"],
+        ["sp=2 with pp=2: Ulysses sequence parallelism inside a pipeline stage is not built yet", "use sp=1"],
+    ),
+    (
+        "pp_microbatches not splitting a micro-batch's rows, or fewer than 1F1B's stages",
+        ["pp=2", "world_size=2", "pp_schedule=one_f_one_b", "pp_microbatches=1"],
+        ["torch's Schedule1F1B needs at least as many micro-batches as stages", "use pp_microbatches >= 2"],
+    ),
     ("grad_accum < 1", ["grad_accum=0"], ["grad_accum=0", ">= 1"]),
     ("train.steps < 1", ["train.steps=0"], ["train.steps=0", ">= 1"]),
     ("optim.lr <= 0", ["optim.lr=0"], ["optim.lr=0", "> 0"]),

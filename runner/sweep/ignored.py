@@ -115,6 +115,11 @@ RULES = (
         lambda cfg: "tp=1 has no tensor-parallel logits to leave sharded (set tp > 1)",
     ),
     Rule(
+        ("pp_schedule", "pp_microbatches", "pp_scale_grads"),
+        lambda cfg: cfg.pp > 1,
+        lambda cfg: "pp=1 has no pipeline schedule (set pp > 1)",
+    ),
+    Rule(
         ("optim.beta1", "optim.beta2", "optim.eps"),
         lambda cfg: cfg.optim.name.value == "adamw",
         lambda cfg: f"optim={cfg.optim.name.value} has no Adam moments (optim=adamw reads them)",

@@ -30,6 +30,7 @@ from runner.sweep.ignored import ignored_key_problems
 from runner.sweep.model_rules import Problems, model_problems, positions_problems, vocab_problems
 from runner.sweep.objective_rules import objective_problems
 from runner.sweep.overrides import schema_keys
+from runner.sweep.pp_rules import pipeline_parallel_problems
 from runner.sweep.tp_rules import tensor_parallel_problems
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -62,6 +63,7 @@ def config_problems(cfg: DictConfig, *, sweeping: bool = False, explained: tuple
         heads_field=shape.heads_field if shape else "model.n_heads",
     )
     problems += tensor_parallel_problems(cfg, shape)
+    problems += pipeline_parallel_problems(cfg, shape)
     if shape is not None and cfg.model.arch.value == "hf":
         problems += hf_class_problems(cfg)  # transformers' config class, asked in a subprocess
     problems += positions_problems(cfg, shape)
