@@ -11,6 +11,7 @@
 - b9 cost_reruns: five reruns of the default cost job: the null control 5/5, sum's verdict class the same >= 4/5
 - b10 detached_parts: what detached's extra time is made of (its synchronisation point, its process group)
 - b11 checkpoint_cost: a checkpoint's save and load time and size against a step's, tiny and hf_llama
+- b12 layouts: a step at DP(2)-TP(2) and DP(2)-PP(2) against DP(4), interleaved, with a null control
 
 --quick runs each at a small size (a smoke test: the figures mean nothing) and
 writes to --out (default: a temporary file, so RESULTS.md keeps real figures).
@@ -37,6 +38,7 @@ BENCHES = {
     "b9": "cost_reruns",
     "b10": "detached_parts",
     "b11": "checkpoint_cost",
+    "b12": "layouts",
 }
 
 

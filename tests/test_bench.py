@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_bench_writes_every_section_but_b5(tmp_path):
     out = tmp_path / "RESULTS.md"
-    # B5 runs `make run` in the repository itself; the other nine are self-contained.
+    # B5 runs `make run` in the repository itself; the others named are self-contained.
     done = subprocess.run(
         [
             sys.executable,
@@ -27,6 +27,7 @@ def test_quick_bench_writes_every_section_but_b5(tmp_path):
             "b8",
             "b9",
             "b10",
+            "b12",
             "--quick",
             "--out",
             str(out),
@@ -38,9 +39,10 @@ def test_quick_bench_writes_every_section_but_b5(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
-    assert re.findall(r"(?m)^## (B\d+)\. ", text) == ["B1", "B2", "B3", "B4", "B6", "B7", "B8", "B9", "B10"]
-    assert text.count("Command: `python -m bench b") == 9
+    assert re.findall(r"(?m)^## (B\d+)\. ", text) == ["B1", "B2", "B3", "B4", "B6", "B7", "B8", "B9", "B10", "B12"]
+    assert text.count("Command: `python -m bench b") == 10
     assert "Harness overhead:" in text and "Fixed cost:" in text and "| small |" in text
     assert "Elastic launcher's extra cost per job:" in text
     assert "Null control holds in" in text and "Verdict classes per mode" in text
+    assert "| DP(2)-PP(2) |" in text and "| DP(2)-TP(2) |" in text
     assert "| own_group |" in text and "| local_again |" in text

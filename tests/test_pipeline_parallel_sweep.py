@@ -65,7 +65,7 @@ def test_the_report_says_what_w_counts_under_pipeline_parallelism(analysed):
     out, _ = analysed
     report = (out / "report.md").read_text()
     assert PP_LAYOUT in report
-    assert "W below counts the data ranks, world_size / (tp x pp): the pp stages of a pipeline" in report
+    assert "W below counts the data ranks, world_size / pp: the pp stages of a pipeline" in report
     assert "×1/2 at W=2" in report
 
 

@@ -27,7 +27,8 @@ from analysis.testing.synthetic import SyntheticRun, pg_run, write_cost_job, wri
 from runner.modes import OVER_W
 from runner.record.config_file import write_config_copy
 
-PP_SENTENCE = "W below counts the data ranks, world_size / (tp x pp)"
+PP_SENTENCE = "W below counts the data ranks, world_size / pp"  # pp alone
+BOTH_SENTENCE = "W below counts the data ranks, world_size / (tp x pp)"
 TP_SENTENCE = "W below counts the data ranks, world_size / tp: the tp ranks of a tensor-parallel group"
 
 
@@ -166,8 +167,8 @@ def test_the_answer_says_what_w_counts_under_pipeline_parallelism(tmp_path):
         ([1, 1], [1, 1], None),
         ([1, 2], [1, 1], TP_SENTENCE),  # tensor parallelism alone: the wording it had
         ([1, 1], [1, 2], PP_SENTENCE + ": the pp stages of a pipeline hold"),
-        ([1, 2], [1, 2], PP_SENTENCE + ": the tp ranks of a tensor-parallel group and the pp stages of a pipeline"),
-        ([2, 1], [1, 2], PP_SENTENCE + ": the tp ranks of a tensor-parallel group and the pp stages of a pipeline"),
+        ([1, 2], [1, 2], BOTH_SENTENCE + ": the tp ranks of a tensor-parallel group and the pp stages of a pipeline"),
+        ([2, 1], [1, 2], BOTH_SENTENCE + ": the tp ranks of a tensor-parallel group and the pp stages of a pipeline"),
     ],
 )
 def test_the_w_sentence_names_the_axes_that_ran(tp, pp, sentence):

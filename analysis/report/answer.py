@@ -225,8 +225,9 @@ def _tensor_parallel_note(runs: pd.DataFrame) -> str:
         if tensor
         else "the pp stages of a pipeline"
     )
+    over = "(tp x pp)" if tensor else "pp"
     return (
-        f" W below counts the data ranks, world_size / (tp x pp): {holders} hold the same tokens (the last stage "
+        f" W below counts the data ranks, world_size / {over}: {holders} hold the same tokens (the last stage "
         "the loss), so the loss and its token count are reduced over the data ranks alone."
     )
 
